@@ -1,0 +1,98 @@
+"""Typed requests and results crossing the context → engine boundary.
+
+The server and the CLI only ever talk to an engine through these types, so every backend
+(DiffusionGemma, masked diffusion, autoregressive baseline, remote) is interchangeable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Cancelled(Exception):  # noqa: N818 - reads better at raise sites than CancelledError
+    """Raised by an engine between denoising steps when the request was superseded or cancelled."""
+
+
+@dataclass(frozen=True)
+class InfillRequest:
+    prefix: str
+    suffix: str
+    max_tokens: int = 48
+    single_line: bool = False
+    """Stop rule: the caller will cut at the first newline, so the engine may stop early there."""
+    language: str | None = None
+    num_candidates: int = 1
+    steps: int | None = None
+    """Denoising steps per canvas; None lets the engine choose from its settings and budget."""
+    seed: int = 0
+    doc_key: str | None = None
+    """Stable key (e.g. the document URI) under which an engine may keep reusable caches."""
+    deadline_ms: float | None = None
+    """Soft latency budget for this request, measured from when the engine starts it."""
+
+
+@dataclass
+class Candidate:
+    text: str
+    mean_logprob: float = 0.0
+
+
+@dataclass
+class InfillStats:
+    forward_passes: int = 0
+    generated_tokens: int = 0
+    total_ms: float = 0.0
+    encode_ms: float = 0.0
+    cache_hit: bool = False
+
+    @property
+    def ms_per_step(self) -> float:
+        return self.total_ms / self.forward_passes if self.forward_passes else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.generated_tokens / self.forward_passes if self.forward_passes else 0.0
+
+    def as_dict(self) -> dict[str, float | int | bool]:
+        return {
+            "forward_passes": self.forward_passes,
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_forward": round(self.tokens_per_forward, 3),
+            "ms_per_step": round(self.ms_per_step, 2),
+            "encode_ms": round(self.encode_ms, 2),
+            "total_ms": round(self.total_ms, 2),
+            "cache_hit": self.cache_hit,
+        }
+
+
+@dataclass
+class InfillResult:
+    candidates: list[Candidate] = field(default_factory=list)
+    stats: InfillStats = field(default_factory=InfillStats)
+
+    @property
+    def best(self) -> str:
+        return self.candidates[0].text if self.candidates else ""
+
+
+ShouldCancel = Callable[[], bool]
+
+
+class InfillEngine(Protocol):
+    """What the server needs from a backend. Implementations own their model and caches."""
+
+    name: str
+
+    def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
+        """Return ranked candidates; raise `Cancelled` between steps once `should_cancel()` is true."""
+        ...
+
+    def warmup(self) -> None:
+        """Run one small request so the first real completion does not pay one-off costs."""
+        ...
+
+    def describe(self) -> dict[str, str]:
+        """Facts for `dg-lsp doctor` and logs: model path, device, dtype, quantization, parameters."""
+        ...
