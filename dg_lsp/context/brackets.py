@@ -1,0 +1,113 @@
+"""A small bracket scanner that skips strings and comments.
+
+Used on windows (a few KB) and candidates, where a full parse would be overkill and where the text is
+often not a complete program anyway (a prefix ends mid-statement, a candidate is a fragment).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+OPENERS = "([{"
+CLOSERS = ")]}"
+PAIR = {")": "(", "]": "[", "}": "{"}
+CLOSE_FOR = {"(": ")", "[": "]", "{": "}"}
+
+_LINE_COMMENT = {
+    "python": ("#",), "bash": ("#",), "lua": ("--",),
+    "javascript": ("//",), "typescript": ("//",), "tsx": ("//",), "go": ("//",), "rust": ("//",),
+    "c": ("//",), "cpp": ("//",), "java": ("//",),
+}
+_BLOCK_COMMENT_LANGS = frozenset({"javascript", "typescript", "tsx", "go", "rust", "c", "cpp", "java"})
+_RUST_CHAR = re.compile(r"'(\\.[^']*|[^\\'])'")
+
+
+@functools.cache
+def _interesting(language: str | None) -> re.Pattern[str]:
+    """Everything the scanner must look at; the rest is skipped at C speed."""
+    parts = [r"[()\[\]{}\"'`]"]
+    parts += [re.escape(m) for m in _LINE_COMMENT.get(language or "", ("//", "#"))]
+    if language in _BLOCK_COMMENT_LANGS:
+        parts.append(r"/\*")
+    return re.compile("|".join(parts))
+
+
+def bracket_events(text: str, language: str | None) -> list[tuple[int, str]]:
+    """(index, char) of every bracket outside string literals and comments, in order."""
+    out: list[tuple[int, str]] = []
+    find = _interesting(language).search
+    i, n = 0, len(text)
+    while True:
+        m = find(text, i)
+        if m is None:
+            return out
+        i = m.start()
+        tok = m.group()
+        ch = tok[0]
+        if ch in OPENERS or ch in CLOSERS:
+            out.append((i, ch))
+            i += 1
+        elif tok == "/*":
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        elif ch in "\"'`":
+            if ch == "'" and language == "rust":
+                lit = _RUST_CHAR.match(text, i)
+                i = lit.end() if lit else i + 1  # a lifetime, not a char literal
+            else:
+                i = _skip_string(text, i, language)
+        elif language == "lua" and text.startswith("--[[", i):
+            end = text.find("]]", i + 4)
+            i = n if end < 0 else end + 2
+        elif language == "bash" and i > 0 and not text[i - 1].isspace() and text[i - 1] not in ";&|(":
+            i += 1  # `$#`, `${#x}`: not a comment
+        else:
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+
+
+def _skip_string(text: str, i: int, language: str | None) -> int:
+    quote = text[i]
+    if language == "python" and text.startswith(quote * 3, i):
+        end = text.find(quote * 3, i + 3)
+        return len(text) if end < 0 else end + 3
+    multiline = quote == "`" or (language == "bash" and quote in "\"'")
+    j = i + 1
+    while j < len(text):
+        c = text[j]
+        if c == "\\" and not (language == "bash" and quote == "'"):
+            j += 2
+            continue
+        if c == quote:
+            return j + 1
+        if c == "\n" and not multiline:
+            return j  # unterminated on this line: stop skipping at the newline
+        j += 1
+    return len(text)
+
+
+def unmatched_openers(text: str, language: str | None) -> str:
+    """Openers still open at the end of `text`, outermost first (mismatched closers are ignored)."""
+    stack: list[str] = []
+    for _, ch in bracket_events(text, language):
+        if ch in OPENERS:
+            stack.append(ch)
+        elif stack and stack[-1] == PAIR[ch]:
+            stack.pop()
+    return "".join(stack)
+
+
+def leading_closers(text: str, language: str | None) -> str:
+    """Closers in `text` that match no opener inside it, in order: what `text` closes of its context."""
+    stack: list[str] = []
+    out: list[str] = []
+    for _, ch in bracket_events(text, language):
+        if ch in OPENERS:
+            stack.append(ch)
+        elif stack:
+            if stack[-1] == PAIR[ch]:
+                stack.pop()
+        else:
+            out.append(ch)
+    return "".join(out)

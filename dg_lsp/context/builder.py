@@ -1,0 +1,183 @@
+"""Turn (document, cursor) into the prefix/suffix/span the engine infills."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from dataclasses import dataclass
+
+from dg_lsp.context.brackets import leading_closers, unmatched_openers
+from dg_lsp.context.documents import DocumentSnapshot, parse_snapshot
+from dg_lsp.context.languages import SUPPORTED, language_for
+from dg_lsp.context.spans import TODO_RE, SpanKind, classify
+from dg_lsp.context.windows import build_windows, estimate_tokens
+from dg_lsp.engine.types import InfillRequest
+
+_OPENS_BLOCK = re.compile(r"(:|\{|\(|\[|\bthen|\bdo|\belse|\bfunction\b.*\))\s*$")
+SELECTION_MAX_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class InfillContext:
+    prefix: str
+    suffix: str
+    span: SpanKind
+    language: str | None
+    cursor_offset: int
+    indent: str
+    """Indentation of the block the inserted lines belong to."""
+    end_offset: int = -1
+    """End of the replaced range (== cursor_offset for a plain insertion)."""
+    indent_unit: str = "    "
+    line_prefix: str = ""
+    """Text of the cursor line before the cursor."""
+    line_suffix: str = ""
+    """Text of the cursor line after the cursor (or after the replaced range)."""
+    prefix_start: int = 0
+    suffix_end: int = 0
+    prefix_cut: bool = False
+    suffix_cut: bool = False
+    open_brackets: str = ""
+    """Brackets open at the cursor (from the prefix window), outermost first."""
+    suffix_closers: str = ""
+    """Brackets the suffix closes without opening them, in order."""
+    replaced: str = ""
+    """The text being replaced (selection / placeholder), empty for an insertion."""
+    version: int = 0
+
+    def __post_init__(self) -> None:
+        if self.end_offset < 0:
+            object.__setattr__(self, "end_offset", self.cursor_offset)
+
+    def to_request(self, **overrides: object) -> InfillRequest:
+        fields = {
+            "prefix": self.prefix,
+            "suffix": self.suffix,
+            "max_tokens": self.span.max_tokens,
+            "single_line": self.span.single_line,
+            "language": self.language,
+        }
+        fields.update(overrides)
+        return InfillRequest(**fields)  # type: ignore[arg-type]
+
+
+def as_snapshot(snapshot_or_text: DocumentSnapshot | str, language: str | None = None) -> DocumentSnapshot:
+    if isinstance(snapshot_or_text, DocumentSnapshot):
+        return snapshot_or_text
+    if language is not None and language not in SUPPORTED:
+        language = language_for(language)
+    return parse_snapshot(snapshot_or_text, language)
+
+
+def _leading_ws(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+_INDENTS = re.compile(r"^([ \t]+)\S", re.MULTILINE)
+
+
+def indent_unit(text: str, offset: int, language: str | None, window: int = 6000) -> str:
+    """The document's indentation step, read from the text just before the cursor."""
+    indents = _INDENTS.findall(text, max(offset - window, 0), offset)
+    if any(ws.startswith("\t") for ws in indents):
+        return "\t"
+    step = functools.reduce(math.gcd, {len(ws) for ws in indents}, 0)
+    if 2 <= step <= 8:
+        return " " * step
+    return "\t" if language == "go" else "    "
+
+
+def _prev_code_line(text: str, line_start: int) -> str:
+    end = line_start - 1
+    while end > 0:
+        start = text.rfind("\n", 0, end) + 1
+        line = text[start:end]
+        if line.strip():
+            return line
+        end = start - 1
+    return ""
+
+
+def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", offset)
+    line = text[line_start: len(text) if line_end < 0 else line_end]
+    before = text[line_start:offset]
+    own = _leading_ws(line)
+    if before.strip():
+        if span.name in ("function_body", "block"):
+            return own + unit
+        return own
+    if before:
+        return before
+    if line.strip():
+        return own
+    prev = _prev_code_line(text, line_start)
+    prev_indent = _leading_ws(prev)
+    if _OPENS_BLOCK.search(prev):
+        return prev_indent + unit
+    return prev_indent
+
+
+def build_context(
+    snapshot_or_text: DocumentSnapshot | str,
+    offset: int,
+    *,
+    language: str | None = None,
+    max_prefix_tokens: int = 1024,
+    max_suffix_tokens: int = 256,
+    max_tokens: int = 48,
+    end_offset: int | None = None,
+    comments: bool = False,
+) -> InfillContext:
+    """Context for inserting at `offset`, or for replacing `[offset, end_offset)` when given.
+
+    `language` is only used for a bare text (grammar name or LSP languageId). `comments=True` turns
+    completion inside comments on (as prose); by default the `comment` span is disabled.
+    """
+    snap = as_snapshot(snapshot_or_text, language)
+    text = snap.text
+    offset = max(0, min(offset, len(text)))
+    end = offset if end_offset is None else max(offset, min(end_offset, len(text)))
+    span = classify(snap, offset, end, comments=comments)
+    replaced = text[offset:end]
+    if span.name == "selection":
+        need = int(estimate_tokens(replaced) * 1.5) + 16
+        span = dataclasses.replace(span, max_tokens=min(max(need, max_tokens), SELECTION_MAX_TOKENS))
+    elif span.name == "placeholder":
+        span = dataclasses.replace(span, max_tokens=max(min(span.max_tokens, max_tokens * 2), max_tokens))
+    else:
+        span = dataclasses.replace(span, max_tokens=min(span.max_tokens, max_tokens))
+    unit = indent_unit(text, offset, snap.language)
+    indent = block_indent(text, offset, span, unit)
+
+    win = build_windows(snap, offset, end, max_prefix_tokens, max_suffix_tokens)
+    prefix = win.prefix
+    if span.name == "placeholder" and TODO_RE.search(replaced):
+        # keep the TODO note in front of the model: it says what to write in its place
+        prefix = prefix + replaced.rstrip() + "\n" + indent
+    line_start = text.rfind("\n", 0, offset) + 1
+    line_end = text.find("\n", end)
+    line_end = len(text) if line_end < 0 else line_end
+    return InfillContext(
+        prefix=prefix,
+        suffix=win.suffix,
+        span=span,
+        language=snap.language,
+        cursor_offset=offset,
+        indent=indent,
+        end_offset=end,
+        indent_unit=unit,
+        line_prefix=text[line_start:offset],
+        line_suffix=text[end:line_end],
+        prefix_start=win.prefix_start,
+        suffix_end=win.suffix_end,
+        prefix_cut=win.prefix_start > 0,
+        suffix_cut=win.suffix_end < len(text),
+        open_brackets=unmatched_openers(prefix, snap.language),
+        suffix_closers=leading_closers(win.suffix, snap.language),
+        replaced=replaced,
+        version=snap.version,
+    )

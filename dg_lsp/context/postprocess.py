@@ -1,0 +1,221 @@
+"""Clean one model candidate so it can be inserted at the cursor as is.
+
+Diffusion models fill a fixed-length canvas, so candidates often run past the natural end of the
+span: they re-type the closing brackets or the next line that are already in the suffix, close the
+enclosing function, or repeat themselves. Each step below removes one such failure.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dg_lsp.context.brackets import CLOSE_FOR, CLOSERS, OPENERS, PAIR, bracket_events, unmatched_openers
+from dg_lsp.context.builder import InfillContext
+from dg_lsp.context.languages import INDENT_BLOCKS
+
+TAB_WIDTH = 4
+_TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
+_OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
+_TAIL_PUNCT = set(")]}\"'`;:,")
+
+
+def _ws_width(ws: str) -> int:
+    return sum(TAB_WIDTH if c == "\t" else 1 for c in ws)
+
+
+def _lead(line: str) -> str:
+    return line[: len(line) - len(line.lstrip(" \t"))]
+
+
+def _render(width: int, unit: str) -> str:
+    if unit == "\t":
+        return "\t" * (width // TAB_WIDTH) + " " * (width % TAB_WIDTH)
+    return " " * width
+
+
+def _cut_at_quote(text: str, quote: str) -> str:
+    if not quote:
+        return text
+    i = 0
+    while True:
+        j = text.find(quote, i)
+        if j < 0:
+            return text
+        if j > 0 and text[j - 1] == "\\":
+            i = j + 1
+            continue
+        return text[:j]
+
+
+def _cut_at_blank_line(text: str) -> str:
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if i > 0 and not line.strip() and any(ln.strip() for ln in lines[:i]):
+            return "\n".join(lines[:i])
+    return text
+
+
+def reindent(text: str, ctx: InfillContext) -> str:
+    """Put the candidate's block at `ctx.indent`, in the document's indent style.
+
+    Lines after the first are taken as absolute (the model saw the whole prefix), so they only move
+    when the candidate as a whole sits left of the block: the model started at column 0 on a blank
+    line, or wrote a block's body no deeper than its header.
+    """
+    lines = text.split("\n")
+    target = _ws_width(ctx.indent)
+    rest = [_ws_width(_lead(ln)) for ln in lines[1:] if ln.strip()]
+    delta = 0
+    if ctx.line_prefix and not ctx.line_prefix.strip():
+        lines[0] = lines[0].lstrip(" \t")  # the cursor already sits at the indentation
+        if rest and min(rest) == 0 < target and _OPENS_BLOCK.search(lines[0]):
+            delta = target  # the model indented relative to the cursor, not to the file
+    elif not ctx.line_prefix:
+        anchor = _ws_width(_lead(lines[0])) if lines[0].strip() else min(rest, default=target)
+        delta = max(target - anchor, 0)
+        if lines[0].strip():
+            lines[0] = _render(anchor + delta, ctx.indent_unit) + lines[0].lstrip(" \t")
+    elif rest:
+        floor = target if ctx.span.name in ("block", "function_body") else _ws_width(_lead(ctx.line_prefix))
+        delta = max(floor - min(rest), 0)
+    for i in range(1, len(lines)):
+        line = lines[i]
+        if not line.strip():
+            lines[i] = ""
+            continue
+        width = max(_ws_width(_lead(line)) + delta, 0)
+        lines[i] = _render(width, ctx.indent_unit) + line.lstrip(" \t")
+    return "\n".join(lines)
+
+
+def _cut_at_dedent(text: str, ctx: InfillContext) -> str:
+    target = _ws_width(ctx.indent)
+    lines = text.split("\n")
+    for i in range(1, len(lines)):
+        line = lines[i]
+        if line.strip() and _ws_width(_lead(line)) < target:
+            closer = ctx.language not in INDENT_BLOCKS and line.strip()[0] in CLOSERS
+            if closer and _closes_own(lines[:i], ctx):
+                continue  # closes a bracket the candidate itself opened
+            return "\n".join(lines[:i])
+    return text
+
+
+def _closes_own(lines: list[str], ctx: InfillContext) -> bool:
+    depth = 0
+    for _, ch in bracket_events("\n".join(lines), ctx.language):
+        depth += 1 if ch in OPENERS else -1
+    return depth > 0
+
+
+def _cut_repeats(text: str, ctx: InfillContext) -> str:
+    lines = text.split("\n")
+    prev = None
+    for i, line in enumerate(lines):
+        key = line.strip()
+        if not key or _TRIVIAL_LINE.match(line):
+            continue
+        if key == prev:
+            return "\n".join(lines[:i])
+        prev = key
+    return text
+
+
+def _suffix_lines(ctx: InfillContext, n: int = 3) -> list[str]:
+    out = []
+    for line in ctx.suffix.split("\n")[1:]:
+        if line.strip():
+            out.append(line.strip())
+            if len(out) == n:
+                break
+    return out
+
+
+def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
+    """Drop the part of the candidate that re-types what follows the cursor."""
+    lines = text.split("\n")
+    following = _suffix_lines(ctx)
+    if following and not _TRIVIAL_LINE.match(following[0]):
+        for i in range(1, len(lines)):
+            if lines[i].strip() == following[0]:
+                lines = lines[:i]
+                break
+    text = "\n".join(lines).rstrip()
+    rest = ctx.line_suffix.strip()
+    if rest and not ctx.span.single_line and "\n" not in text and text.endswith(rest):
+        return text[: -len(rest)].rstrip()
+    if rest:
+        if text.endswith(rest):
+            return text[: -len(rest)]
+        # longest run of closing punctuation the suffix starts with
+        k = 0
+        while k < len(rest) and rest[k] in _TAIL_PUNCT:
+            k += 1
+        for j in range(k, 0, -1):
+            if text.endswith(rest[:j]):
+                return text[:-j]
+    return text
+
+
+def balance(text: str, ctx: InfillContext) -> str:
+    """Cut where the candidate closes more than it may, then close what it opened itself."""
+    keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
+    closable = ctx.open_brackets[:keep] if keep > 0 else ""
+    stack: list[str] = []
+    for i, ch in bracket_events(text, ctx.language):
+        if ch in OPENERS:
+            stack.append(ch)
+        elif stack and stack[-1] == PAIR[ch]:
+            stack.pop()
+        elif not stack and closable and closable[-1] == PAIR[ch]:
+            closable = closable[:-1]
+        else:
+            text = text[:i].rstrip()
+            break
+    stack = list(unmatched_openers(text, ctx.language))
+    if not stack:
+        return text
+    closing = [CLOSE_FOR[c] for c in reversed(stack)]
+    if ctx.span.single_line or "\n" not in text:
+        return text + "".join(closing)
+    # unfinished multi-line candidate: keep up to the last line where everything it opened is closed
+    p = text.rfind("\n")
+    while p > 0:
+        head = text[:p]
+        if head.strip() and not unmatched_openers(head, ctx.language):
+            return head.rstrip()
+        p = text.rfind("\n", 0, p)
+    if ctx.language in INDENT_BLOCKS:
+        return text + "".join(closing)
+    return text + "".join("\n" + ctx.indent + c for c in closing)
+
+
+def postprocess(candidate: str, ctx: InfillContext) -> str | None:
+    """The candidate ready to insert at the cursor, or None to drop it."""
+    text = candidate.replace("\r\n", "\n").replace("\r", "\n")
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    span = ctx.span
+    if span.single_line:
+        text = text.split("\n", 1)[0]
+    if span.stop == "quote":
+        text = _cut_at_quote(text, span.quote)
+    if span.stop == "blank_line":
+        text = _cut_at_blank_line(text.lstrip("\n") if not ctx.line_prefix.strip() else text)
+    if not span.single_line and not span.prose:
+        text = reindent(text, ctx)
+        if span.stop in ("dedent", "blank_line"):
+            text = _cut_at_dedent(text, ctx)
+    text = _cut_repeats(text, ctx)
+    text = remove_suffix_overlap(text, ctx)
+    if not span.prose:
+        text = balance(text, ctx)
+    text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
+    if not text.strip():
+        return None
+    if ctx.replaced and text.strip() == ctx.replaced.strip():
+        return None
+    prev = ctx.prefix.rstrip().rsplit("\n", 1)[-1].strip()
+    copies_above = text.strip() == prev and not _TRIVIAL_LINE.match(prev)
+    if copies_above and not span.single_line and not ctx.line_prefix.strip():
+        return None  # copies the line above
+    return text
