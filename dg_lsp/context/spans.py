@@ -253,9 +253,7 @@ def _function_owning(snapshot: DocumentSnapshot, b: int) -> tree_sitter.Node | N
     for anc in ancestors(node):
         if anc.type in FUNCTION_TYPES:
             body = body_of(anc)
-            if body is not None and not statements(body):
-                return anc
-            return None
+            return anc if body is None or not statements(body) else None
         if anc.type in DEFINITION_TYPES:
             return None
     return None
@@ -312,7 +310,14 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
 def _blank_in_empty_body(snapshot: DocumentSnapshot, b: int) -> bool:
     node = snapshot.tree.root_node.descendant_for_byte_range(b, b)  # type: ignore[union-attr]
     for anc in ancestors(node):
-        if anc.start_byte < b < anc.end_byte and anc.parent is not None and anc.parent.type in FUNCTION_TYPES:
-            body = body_of(anc.parent)
+        if not anc.start_byte < b < anc.end_byte:
+            continue
+        if anc.type in FUNCTION_TYPES:
+            return body_of(anc) is None  # Lua: an empty function has no body node at all
+        parent = anc.parent
+        if parent is not None and parent.type in FUNCTION_TYPES:
+            body = body_of(parent)
             return body is not None and body.id == anc.id and not statements(anc)
+        if anc.type.endswith(_CODE_SCOPES) or anc.type in DEFINITION_TYPES:
+            return False
     return False

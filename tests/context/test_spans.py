@@ -1,0 +1,132 @@
+"""Span kind at the cursor, on real snippets in every supported language."""
+
+from __future__ import annotations
+
+import pytest
+
+from dg_lsp.context import SPAN_KINDS
+
+# (language, snippet with <|>, expected kind, expected single_line)
+CASES = [
+    # Python
+    ("python", "def area(r):\n    return 3.14 * r<|>\n", "line_rest", True),
+    ("python", "total = compute(<|>x) + 1\n", "argument_list", True),
+    ("python", "def mean(xs):\n    n = len(xs)\n    <|>\n    return s / n\n", "empty_line", False),
+    ("python", "def mean(xs):\n    <|>\n", "function_body", False),
+    ("python", "def mean(xs):<|>\n", "function_body", False),
+    ("python", 'def mean(xs):\n    """Average of xs."""\n    <|>\n', "function_body", False),
+    ("python", "for i in range(10):<|>\n    pass\n", "block", False),
+    ("python", "print(max(a, <|>))\n", "argument_list", True),
+    ("python", "def f(a, <|>):\n    return a\n", "argument_list", True),
+    ("python", "names = [\n    'a',\n    <|>\n]\n", "brackets", False),
+    ("python", "point = {'x': 1, <|>}\n", "brackets", True),
+    ("python", "msg = 'hello <|>'\n", "string", True),
+    ("python", "name = f'{user.<|>}'\n", "line_rest", True),
+    ("python", "x = 1  # the <|>\n", "comment", True),
+    ("python", 'def f():\n    """Return the <|>\n    """\n', "docstring", False),
+    ("python", "result = call(a, <|>\n", "argument_list", True),
+    # JavaScript
+    ("javascript", "function add(a, b) {\n  <|>\n}\n", "function_body", False),
+    ("javascript", "const xs = [1, 2, <|>];\n", "brackets", True),
+    ("javascript", "console.log('sum', <|>);\n", "argument_list", True),
+    ("javascript", "const s = `hi ${name<|>}`;\n", "line_rest", True),
+    ("javascript", "const greeting = \"Hello, <|>\";\n", "string", True),
+    ("javascript", "// compute the <|>\nlet x = 1;\n", "comment", True),
+    ("javascript", "function f(a) {\n  const b = a * 2;\n  <|>\n  return b;\n}\n", "empty_line", False),
+    ("javascript", "if (ready) {<|>\n}\n", "block", False),
+    # TypeScript / TSX
+    ("typescript", "function len(s: string): number {\n  <|>\n}\n", "function_body", False),
+    ("typescript", "const m = new Map<string, number>([[\"a\", <|>]]);\n", "brackets", True),
+    ("typescript", "interface P { x: number; }\nconst p: P = { x: <|> };\n", "brackets", True),
+    ("tsx", "const App = () => <div className=\"app\">{items.map(<|>)}</div>;\n", "argument_list", True),
+    ("tsx", "function App() {\n  <|>\n}\n", "function_body", False),
+    # Go
+    ("go", "package main\n\nfunc add(a, b int) int {\n\t<|>\n}\n", "function_body", False),
+    ("go", "package main\n\nfunc main() {\n\tfmt.Println(\"x\", <|>)\n}\n", "argument_list", True),
+    ("go", "package main\n\nvar xs = []int{1, <|>}\n", "brackets", True),
+    ("go", "package main\n\nfunc main() {\n\tx := 1\n\tif x > 0 {<|>\n\t}\n}\n", "block", False),
+    ("go", "package main\n\nvar s = \"abc<|>\"\n", "string", True),
+    # Rust
+    ("rust", "fn main() {\n    let v = vec![1, <|>];\n}\n", "brackets", True),
+    ("rust", "fn main() {\n    println!(\"{}\", <|>);\n}\n", "argument_list", True),
+    ("rust", "fn sq(x: i32) -> i32 {\n    <|>\n}\n", "function_body", False),
+    ("rust", "fn main() {\n    let s = \"hello <|>\";\n}\n", "string", True),
+    ("rust", "fn main() {\n    let x = 1;\n    <|>\n    println!(\"{}\", x);\n}\n", "empty_line", False),
+    # C
+    ("c", "#include <stdio.h>\nint main(void) {\n  printf(\"%d\\n\", <|>);\n}\n", "argument_list", True),
+    ("c", "int sum(int *a, int n) {\n  <|>\n}\n", "function_body", False),
+    ("c", "int xs[] = {1, 2, <|>};\n", "brackets", True),
+    ("c", "int main(void) {\n  /* count the <|> */\n  return 0;\n}\n", "comment", True),
+    # C++
+    ("cpp", "#include <vector>\nstd::vector<int> v{1, <|>};\n", "brackets", True),
+    ("cpp", "class Stack {\n public:\n  int pop() {\n    <|>\n  }\n};\n", "function_body", False),
+    ("cpp", "int main() {\n  std::string s = \"ab<|>\";\n}\n", "string", True),
+    # Java
+    ("java", "class A {\n  int twice(int x) {\n    <|>\n  }\n}\n", "function_body", False),
+    ("java", "class A {\n  void f() {\n    System.out.println(<|>);\n  }\n}\n", "argument_list", True),
+    ("java", "class A {\n  int[] xs = {1, <|>};\n}\n", "brackets", True),
+    # Lua
+    ("lua", "local function add(a, b)\n  <|>\nend\n", "function_body", False),
+    ("lua", "local t = {1, 2, <|>}\n", "brackets", True),
+    ("lua", "print(\"x\", <|>)\n", "argument_list", True),
+    ("lua", "local s = \"abc<|>\"\n", "string", True),
+    # Bash
+    ("bash", "greet() {\n  <|>\n}\n", "function_body", False),
+    ("bash", "echo \"hello <|>\"\n", "string", True),
+    ("bash", "for f in *.txt; do\n  echo \"$f\"\n  <|>\ndone\n", "empty_line", False),
+    ("bash", "ls -la <|>\n", "line_rest", True),
+]
+
+
+@pytest.mark.parametrize(("language", "src", "expected", "single_line"), CASES)
+def test_span_kind(ctx_at, language, src, expected, single_line):
+    ctx, _ = ctx_at(src, language)
+    assert ctx.span.name == expected
+    assert ctx.span.single_line is single_line
+
+
+def test_every_kind_in_the_table_is_exercised():
+    seen = {c[2] for c in CASES} | {"placeholder", "selection"}
+    assert seen == set(SPAN_KINDS)
+
+
+def test_comments_are_off_unless_asked(ctx_at):
+    src = "x = 1  # the <|>\n"
+    assert not ctx_at(src, "python")[0].span.enabled
+    assert ctx_at(src, "python", comments=True)[0].span.enabled
+
+
+def test_string_kind_carries_its_closing_quote(ctx_at):
+    assert ctx_at("msg = 'hello <|>'\n", "python")[0].span.quote == "'"
+    assert ctx_at('def f():\n    """Doc <|>\n    """\n', "python")[0].span.quote == '"""'
+    assert ctx_at("const s = `a <|>`;\n", "javascript")[0].span.quote == "`"
+
+
+def test_kind_caps_the_canvas_length(ctx_at):
+    line = ctx_at("x = compute<|>\n", "python", max_tokens=100)[0]
+    body = ctx_at("def f(x):\n    <|>\n", "python", max_tokens=100)[0]
+    assert line.span.max_tokens == SPAN_KINDS["line_rest"].max_tokens < body.span.max_tokens == 100
+    assert ctx_at("def f(x):\n    <|>\n", "python", max_tokens=20)[0].span.max_tokens == 20
+
+
+def test_replaced_range_is_selection_or_placeholder(ctx_at):
+    src = "def f(x):\n    <|>pass\n"
+    ctx, snap = ctx_at(src, "python")
+    start = ctx.cursor_offset
+    from dg_lsp.context import build_context
+
+    fill = build_context(snap, start, end_offset=start + 4)
+    assert fill.span.name == "placeholder"
+    assert fill.prefix.endswith("def f(x):\n    ") and fill.suffix == "\n"
+    rewrite = build_context(snap, 0, end_offset=start + 4, max_tokens=8)
+    assert rewrite.span.name == "selection" and not rewrite.span.single_line
+    assert rewrite.span.max_tokens > 8  # room for at least the selection itself
+
+
+def test_plain_text_has_line_kinds():
+    from dg_lsp.context import build_context
+
+    text = "Dear reader,\n\nThis is a note\n"
+    assert build_context(text, text.index("note") + 4).span.name == "line_rest"
+    assert build_context(text, text.index("\n\n") + 1).span.name == "empty_line"
+    assert build_context(text, 3).language is None
