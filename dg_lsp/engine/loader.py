@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from dg_lsp.settings import Settings
 log = logging.getLogger(__name__)
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "models" / "embedded"
+BACKENDS = ("diffusion-gemma", "masked", "ar", "remote")
+# Masked diffusion LMs that are not `*ForMaskedLM`: LLaDA, Dream, DiffuCoder, DreamOn...
+MASKED_ARCH_HINTS = ("llada", "dream", "diffucoder", "mdlm", "masked")
 
 
 class ModelLoadError(RuntimeError):
@@ -46,14 +50,64 @@ def resolve_model_dir(model: str) -> Path:
     return path
 
 
+def detect_backend(config: dict) -> str:
+    """Backend from a checkpoint's config.json: its `architectures` (then `model_type`) decide."""
+    archs = [str(a) for a in config.get("architectures") or []]
+    model_type = str(config.get("model_type", "")).lower()
+    names = [a.lower() for a in archs] + [model_type]
+    if any("diffusiongemma" in n or n == "diffusion_gemma" for n in names):
+        return "diffusion-gemma"
+    if any(n.endswith("formaskedlm") for n in names) or any(h in n for n in names for h in MASKED_ARCH_HINTS):
+        return "masked"
+    if any(n.endswith("forcausallm") for n in names):
+        return "ar"
+    raise ModelLoadError(
+        f"cannot tell which backend runs architectures={archs} model_type={model_type!r}; "
+        f"set `backend` to one of {BACKENDS}"
+    )
+
+
 def load_engine(settings: Settings) -> InfillEngine:
     """Load the model named by `settings`; raise `ModelLoadError` with a user-readable reason."""
+    if settings.model.startswith("remote:") or settings.backend == "remote":
+        from dg_lsp.engine.remote import RemoteEngine
+
+        return RemoteEngine(settings.model.removeprefix("remote:"))
     model_dir = resolve_model_dir(settings.model)
     device = resolve_device(settings.device)
+    backend = settings.backend
     try:
-        from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
+        if backend == "auto":
+            backend = detect_backend(json.loads((model_dir / "config.json").read_text()))
+        if backend not in BACKENDS:
+            raise ModelLoadError(f"unknown backend {backend!r}; expected auto or one of {BACKENDS}")
+        opts = settings.extra or {}
+        if backend == "diffusion-gemma":
+            from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
 
-        return DiffusionGemmaEngine(model_dir, device=device, steps=settings.denoising_steps)
+            return DiffusionGemmaEngine(
+                model_dir, device=device, steps=settings.denoising_steps, quantization=settings.quantization
+            )
+        if backend == "ar":
+            from dg_lsp.engine.ar import AutoregressiveEngine
+
+            return AutoregressiveEngine(
+                model_dir,
+                device=device,
+                quantization=settings.quantization,
+                trust_remote_code=settings.trust_remote_code,
+            )
+        if backend == "masked":
+            from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+
+            return MaskedDiffusionEngine(
+                model_dir,
+                device=device,
+                quantization=settings.quantization,
+                trust_remote_code=settings.trust_remote_code,
+                sampler=MaskedSamplerConfig.from_options(opts, steps=settings.denoising_steps),
+            )
+        raise ModelLoadError(f"backend {backend!r} needs model = 'remote:http://host:port'")
     except ModelLoadError:
         raise
     except Exception as exc:  # corrupt weights, wrong architecture, OOM: all reach the user the same way

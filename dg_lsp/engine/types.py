@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
-class Cancelled(Exception):  # noqa: N818 - reads better at raise sites than CancelledError
+class Cancelled(Exception):
     """Raised by an engine between denoising steps when the request was superseded or cancelled."""
 
 
@@ -31,12 +31,16 @@ class InfillRequest:
     """Stable key (e.g. the document URI) under which an engine may keep reusable caches."""
     deadline_ms: float | None = None
     """Soft latency budget for this request, measured from when the engine starts it."""
+    syntax_ok: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+    """Optional check (e.g. a tree-sitter parse of prefix+text+suffix) for ranking; never sent remotely."""
 
 
 @dataclass
 class Candidate:
     text: str
     mean_logprob: float = 0.0
+    token_ids: list[int] | None = field(default=None, repr=False)
+    """The generated ids behind `text`, when the engine has them (tests and debugging)."""
 
 
 @dataclass
@@ -46,6 +50,15 @@ class InfillStats:
     total_ms: float = 0.0
     encode_ms: float = 0.0
     cache_hit: bool = False
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    """Prompt tokens whose encoder/KV state came from the per-document cache instead of a forward pass."""
+    early_exit: bool = False
+    """The canvas became stable and confident (or fully decoded) before the step cap."""
+    step_cap: int = 0
+    """Denoising steps allowed after the latency budget was applied (0 when not applicable)."""
+    encoder_passes: int = 0
+    """Prompt-encoding passes (DiffusionGemma encoder, KV prefill); AR counts its prefill as a forward too."""
 
     @property
     def ms_per_step(self) -> float:
@@ -64,6 +77,11 @@ class InfillStats:
             "encode_ms": round(self.encode_ms, 2),
             "total_ms": round(self.total_ms, 2),
             "cache_hit": self.cache_hit,
+            "prompt_tokens": self.prompt_tokens,
+            "reused_prompt_tokens": self.reused_prompt_tokens,
+            "early_exit": self.early_exit,
+            "step_cap": self.step_cap,
+            "encoder_passes": self.encoder_passes,
         }
 
 

@@ -1,0 +1,152 @@
+"""Autoregressive baseline (the AR twin): PSM prompt, greedy decoding until EOS, one forward per token.
+
+The per-document KV cache keeps the prompt's KV; the next request crops it to the longest common
+token prefix and prefills only the rest (exact for causal models).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.cache import LRU, common_prefix_len
+from dg_lsp.engine.sampler import mean_logprob
+from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
+from dg_lsp.models import tokens
+
+
+@dataclass
+class PromptKV:
+    ids: list[int]
+    cache: object  # transformers Cache holding exactly len(ids) positions
+
+
+def _crop_to(cache, length: int) -> None:
+    """Keep the first `length` positions (transformers' `crop` takes a negative count to remove)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+class AutoregressiveEngine(LocalEngine):
+    name = "ar"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str = "cpu",
+        max_prompt_tokens: int = 1024,
+        quantization: str = "none",
+        trust_remote_code: bool = False,
+        use_prompt_cache: bool = True,
+        use_continuation_cache: bool = True,
+    ):
+        super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=use_prompt_cache)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from dg_lsp.engine import quantization as quant
+
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        self.quantization = quant.resolve_kind(quantization, self.device)
+        kwargs = {"trust_remote_code": trust_remote_code}
+        if self.quantization in ("8bit", "nf4"):
+            kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head"])
+            kwargs["device_map"] = str(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
+        if self.quantization == "int8":
+            quant.quantize_linears_int8_(self.model, skip=["lm_head"])
+        if self.quantization not in ("8bit", "nf4"):
+            self.model.to(self.device)
+        self.max_prompt_tokens = max_prompt_tokens
+        eos = {tokens.EOS_ID, tokens.PAD_ID}
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self.stop_ids = eos
+        self.prompt_cache: LRU[PromptKV] = LRU(8)
+
+    def describe(self) -> dict[str, str]:
+        params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "backend": self.name,
+            "model": str(self.model_dir),
+            "device": str(self.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
+            "parameters": f"{params / 1e6:.2f}M",
+        }
+
+    def warmup(self) -> None:
+        self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=4))
+        self.reset_caches()
+
+    def reset_caches(self) -> None:
+        super().reset_caches()
+        self.prompt_cache.clear()
+
+    def prompt_ids(self, request: InfillRequest) -> list[int]:
+        pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
+        suf = self.tokenizer.encode(request.suffix, add_special_tokens=False)
+        pre, suf = budget_prompt(pre, suf, self.max_prompt_tokens)
+        return tokens.fim_prompt_ids(pre, suf)
+
+    def _prefill(self, ids: list[int], doc_key: str | None, stats: InfillStats):
+        from transformers import DynamicCache
+
+        previous = self.prompt_cache.get(doc_key) if self.use_prompt_cache else None
+        self.prompt_cache.pop(doc_key)  # we mutate it; a cancelled request must not leave a stale entry
+        keep = 0
+        cache = None
+        if previous is not None:
+            keep = min(common_prefix_len(previous.ids, ids), len(ids) - 1)
+            if keep > 0:
+                try:
+                    cache = previous.cache
+                    _crop_to(cache, keep)
+                except (RuntimeError, ValueError):  # e.g. a sliding-window layer past its window
+                    cache = None
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+            keep = 0
+        inp = torch.tensor([ids[keep:]], device=self.device)
+        out = self.model(input_ids=inp, past_key_values=cache, use_cache=True)
+        stats.reused_prompt_tokens = keep
+        stats.encoder_passes += 1
+        return out.logits[:, -1, :], out.past_key_values
+
+    def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
+        ids = self.prompt_ids(request)
+        stats.prompt_tokens = len(ids)
+        new: list[int] = []
+        picked_logits: list[torch.Tensor] = []
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            logits, cache = self._prefill(ids, request.doc_key, stats)
+            stats.encode_ms = (time.perf_counter() - t0) * 1000
+            stats.forward_passes += 1
+            while True:
+                tok = int(logits[0].argmax())
+                if tok in self.stop_ids:
+                    break
+                new.append(tok)
+                picked_logits.append(logits[0])
+                if len(new) >= request.max_tokens:
+                    break
+                if request.single_line and "\n" in self.tokenizer.decode(new[-1:]):
+                    break
+                check()
+                out = self.model(input_ids=torch.tensor([[tok]], device=self.device), past_key_values=cache)
+                stats.forward_passes += 1
+                logits, cache = out.logits[:, -1, :], out.past_key_values
+            if self.use_prompt_cache and request.doc_key is not None:
+                _crop_to(cache, len(ids))  # keep the prompt only: the next prompt shares it, not our guess
+                self.prompt_cache.put(request.doc_key, PromptKV(ids, cache))
+        stats.generated_tokens = len(new)
+        score = mean_logprob(torch.stack(picked_logits), torch.tensor(new)) if new else 0.0
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return [Candidate(text=text, mean_logprob=score, token_ids=new)]

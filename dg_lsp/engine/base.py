@@ -1,0 +1,84 @@
+"""What every local backend shares: the suggestion-continuation shortcut, timing, ranking, prompt budget.
+
+Backends implement `_generate(request, should_cancel, stats)` and return unranked candidates; this class
+wraps them with the parts that must behave the same whichever model runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from dg_lsp.engine.cache import ContinuationCache
+from dg_lsp.engine.sampler import rank_candidates
+from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
+
+
+def _never() -> bool:
+    return False
+
+
+def checked(should_cancel: ShouldCancel | None) -> Callable[[], None]:
+    """A callable that raises `Cancelled` once `should_cancel()` is true; called between steps."""
+    fn = should_cancel or _never
+
+    def check() -> None:
+        if fn():
+            raise Cancelled()
+
+    return check
+
+
+def budget_prompt(
+    pre: list[int], suf: list[int], budget: int, chunk: int = 64
+) -> tuple[list[int], list[int]]:
+    """Fit prefix+suffix tokens into `budget`, keeping the suffix short and cutting the prefix's head in
+    `chunk`-token steps, so the kept prefix start stays put while the user types and the cache still hits.
+    """
+    keep_suf = min(len(suf), max(0, budget // 4))
+    room = max(0, budget - keep_suf)
+    if len(pre) > room:
+        drop = len(pre) - room
+        drop = min(len(pre), -(-drop // chunk) * chunk)
+        pre = pre[drop:]
+    return pre, suf[:keep_suf]
+
+
+class LocalEngine:
+    """Base for in-process backends; subclasses set `name` and implement `_generate`."""
+
+    name = "local"
+
+    def __init__(self, use_continuation_cache: bool = True, use_prompt_cache: bool = True):
+        self.continuations = ContinuationCache()
+        self.use_continuation_cache = use_continuation_cache
+        self.use_prompt_cache = use_prompt_cache
+
+    def _generate(
+        self, request: InfillRequest, check: Callable[[], None], stats: InfillStats
+    ) -> list[Candidate]:
+        raise NotImplementedError
+
+    def reset_caches(self) -> None:
+        """Drop every per-document cache (benchmarks and tests compare cold and warm paths)."""
+        self.continuations.clear()
+
+    def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
+        start = time.perf_counter()
+        check = checked(should_cancel)
+        check()
+        n = max(1, request.num_candidates)
+        if self.use_continuation_cache:
+            rest = self.continuations.lookup(request.doc_key, request.prefix, request.suffix)
+            if rest is not None:
+                stats = InfillStats(cache_hit=True, total_ms=(time.perf_counter() - start) * 1000)
+                return InfillResult([Candidate(text=t) for t in rest[:n]], stats)
+        stats = InfillStats()
+        cands = self._generate(request, check, stats)
+        ranked = rank_candidates(cands, request.syntax_ok)[:n]
+        if self.use_continuation_cache:
+            self.continuations.remember(
+                request.doc_key, request.prefix, request.suffix, [c.text for c in ranked]
+            )
+        stats.total_ms = (time.perf_counter() - start) * 1000
+        return InfillResult(ranked, stats)

@@ -1,0 +1,244 @@
+"""Model loading with optional quantization: bitsandbytes NF4/8-bit on CUDA, weight-only int8 on CPU.
+
+DiffusionGemma needs two things the bitsandbytes defaults get wrong:
+- its encoder and decoder share (tie) every layer weight, and transformers' default skip list keeps every
+  tied module in full precision, i.e. almost the whole model: we pass an explicit skip list instead;
+- its MoE experts are 3-D `nn.Parameter`s (experts x out x in), not `nn.Linear`, so bitsandbytes never
+  sees them although they hold most of the 26B parameters: `QuantizedExperts` stores them per expert,
+  quantized, and dequantizes only the experts a token is routed to.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+KINDS = ("auto", "none", "int8", "8bit", "nf4")
+
+# Kept in full precision: tiny, numerically sensitive, or tied to the embedding.
+DIFFUSION_GEMMA_SKIP = [
+    "lm_head",
+    "embed_tokens",
+    "self_conditioning",
+    "router",
+    "vision_tower",
+    "embed_vision",
+    "multi_modal_projector",
+]
+
+
+def resolve_kind(kind: str, device: torch.device | str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown quantization {kind!r}; expected one of {KINDS}")
+    cuda = str(device).startswith("cuda")
+    if kind == "auto":
+        return "none"
+    if kind in ("8bit", "nf4") and not cuda:
+        raise ValueError(f"quantization {kind!r} needs CUDA (bitsandbytes); use 'int8' on CPU")
+    if kind == "int8" and cuda:
+        return "8bit"
+    return kind
+
+
+def bnb_config(kind: str, skip: list[str] | None = None, compute_dtype: torch.dtype = torch.bfloat16):
+    """The `BitsAndBytesConfig` for `8bit`/`nf4` with an explicit skip list (see module docstring)."""
+    from transformers import BitsAndBytesConfig
+
+    skip = list(DIFFUSION_GEMMA_SKIP if skip is None else skip)
+    if kind == "nf4":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_use_double_quant=True,
+            llm_int8_skip_modules=skip,
+        )
+    if kind == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+    raise ValueError(f"not a bitsandbytes kind: {kind!r}")
+
+
+def linear_targets(model: nn.Module, skip: list[str] | None = None) -> list[str]:
+    """Names of the `nn.Linear` modules bitsandbytes will replace given `skip` (same matching rule)."""
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skip = list(DIFFUSION_GEMMA_SKIP if skip is None else skip)
+    return [n for n, m in model.named_modules() if type(m) is nn.Linear and should_convert_module(n, skip)]
+
+
+def expert_parameters(model: nn.Module) -> list[str]:
+    """Names of 3-D parameters (MoE expert banks) that no Linear-based quantizer touches."""
+    return [n for n, p in model.named_parameters(remove_duplicate=False) if p.ndim == 3]
+
+
+# -- expert banks ---------------------------------------------------------------------------------
+
+
+class Int8Bank(nn.Module):
+    """Weight-only int8 (per output row absmax) for a 3-D bank; dequantizes one expert at a time."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0
+        self.register_buffer("qweight", torch.round(w / scale).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale.to(weight.dtype))
+        self.dtype = weight.dtype
+
+    def expert(self, i: int) -> torch.Tensor:
+        return self.qweight[i].to(self.dtype) * self.scale[i]
+
+
+class Nf4Bank(nn.Module):
+    """NF4 (bitsandbytes) per expert; CUDA only."""
+
+    def __init__(self, weight: torch.Tensor, device: torch.device):
+        super().__init__()
+        import bitsandbytes.functional as bnbf
+
+        self.dtype = weight.dtype
+        self.packed = []
+        self.states = []
+        for i in range(weight.shape[0]):
+            q, state = bnbf.quantize_4bit(weight[i].to(device), quant_type="nf4", compress_statistics=True)
+            self.packed.append(q)
+            self.states.append(state)
+        for i, q in enumerate(self.packed):
+            self.register_buffer(f"packed_{i}", q)
+
+    def expert(self, i: int) -> torch.Tensor:
+        import bitsandbytes.functional as bnbf
+
+        return bnbf.dequantize_4bit(self.packed[i], self.states[i]).to(self.dtype)
+
+
+class QuantizedExperts(nn.Module):
+    """Drop-in for DiffusionGemma's expert module with quantized banks; same routing arithmetic."""
+
+    def __init__(self, experts: nn.Module, bank_factory):
+        super().__init__()
+        self.num_experts = experts.num_experts
+        self.act_fn = experts.act_fn
+        self.gate_up = bank_factory(experts.gate_up_proj)
+        self.down = bank_factory(experts.down_proj)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        out = torch.zeros_like(hidden_states)
+        for e in torch.unique(top_k_index).tolist():
+            if e >= self.num_experts:
+                continue
+            token_idx, slot = torch.where(top_k_index == e)
+            x = hidden_states[token_idx]
+            gate, up = nn.functional.linear(x, self.gate_up.expert(e)).chunk(2, dim=-1)
+            y = nn.functional.linear(self.act_fn(gate) * up, self.down.expert(e))
+            y = y * top_k_weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out
+
+
+def quantize_experts_(model: nn.Module, bank_factory) -> int:
+    """Replace every expert module (one with 3-D `gate_up_proj`/`down_proj`) in place; tied copies in the
+    encoder and decoder share one quantized module, so memory is paid once. Returns how many were replaced.
+    """
+    done: dict[int, nn.Module] = {}
+    count = 0
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        gate_up = getattr(module, "gate_up_proj", None)
+        if not isinstance(gate_up, nn.Parameter) or gate_up.ndim != 3:
+            continue
+        key = id(gate_up)  # tied encoder/decoder experts share the Parameter object
+        if key not in done:
+            done[key] = QuantizedExperts(module, bank_factory)
+            count += 1
+        model.set_submodule(name, done[key])
+    return count
+
+
+def quantize_linears_int8_(model: nn.Module, skip: list[str] | None = None) -> int:
+    """CPU int8: dynamic int8 matmuls for `nn.Linear` via torch.ao (weights int8, activations per batch)."""
+    from torch.ao.quantization import quantize_dynamic
+
+    targets = set(linear_targets(model, skip))
+    if not targets:
+        return 0
+    # quantize_dynamic swaps in place and ties nothing, so tied encoder/decoder linears are swapped once
+    # and then re-pointed to the same quantized module.
+    swapped: dict[int, nn.Module] = {}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if name not in targets:
+            continue
+        key = id(module.weight)
+        if key not in swapped:
+            holder = nn.Sequential(module)
+            swapped[key] = quantize_dynamic(holder, {nn.Linear}, dtype=torch.qint8)[0]
+        model.set_submodule(name, swapped[key])
+    return len(swapped)
+
+
+def quantize_cpu_int8_(model: nn.Module, skip: list[str] | None = None) -> dict[str, int]:
+    linears = quantize_linears_int8_(model, skip)
+    experts = quantize_experts_(model, Int8Bank)
+    return {"linears": linears, "expert_modules": experts}
+
+
+def module_bytes(model: nn.Module) -> int:
+    """Bytes held by unique parameters and buffers, including packed quantized weights."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    for m in model.modules():
+        packed = getattr(m, "_packed_params", None)
+        if packed is not None:
+            try:
+                w, _ = packed._weight_bias()
+                if w.data_ptr() not in seen:
+                    seen.add(w.data_ptr())
+                    total += w.numel() * w.element_size()
+            except Exception:
+                pass
+    return total
+
+
+# -- loading --------------------------------------------------------------------------------------
+
+
+def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype: torch.dtype | None = None):
+    """Load `DiffusionGemmaForBlockDiffusion` on `device` with `kind` quantization; return (model, kind)."""
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    kind = resolve_kind(kind, device)
+    if kind in ("8bit", "nf4"):
+        # Experts are loaded on CPU first (bitsandbytes would put them on the GPU unquantized, which is
+        # what does not fit), then quantized per expert straight onto the GPU.
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+            model_dir,
+            quantization_config=bnb_config(kind),
+            dtype=dtype or torch.bfloat16,
+            device_map=_expert_offload_map(model_dir, device),
+        )
+        quantize_experts_(model, lambda w: Nf4Bank(w, device) if kind == "nf4" else Int8Bank(w.to(device)))
+        return model.eval(), kind
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.float32)
+    if kind == "int8":
+        quantize_cpu_int8_(model)
+    return model.to(device).eval(), kind
+
+
+def _expert_offload_map(model_dir: Path, device: torch.device) -> dict[str, str]:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir).get_text_config()
+    mapping = {"": str(device)}
+    for i in range(cfg.num_hidden_layers):
+        mapping[f"model.decoder.layers.{i}.experts"] = "cpu"
+        mapping[f"model.encoder.language_model.layers.{i}.experts"] = "cpu"
+    return mapping

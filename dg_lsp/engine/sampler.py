@@ -1,0 +1,160 @@
+"""Pure functions over logits: confidence scores, which positions to commit, when to stop.
+
+Kept free of models and caches (llama.cpp's sampler/model split) so that every rule here is tested
+on hand-built tensors and shared by the DiffusionGemma and masked backends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+CONFIDENCE_KINDS = ("max_prob", "margin", "entropy")
+
+
+def confidence(logits: torch.Tensor, kind: str = "max_prob") -> torch.Tensor:
+    """Per-position confidence, higher = surer: top-1 probability, top-1 minus top-2, or minus entropy."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    if kind == "max_prob":
+        return logp.max(dim=-1).values.exp()
+    if kind == "margin":
+        top2 = logp.topk(2, dim=-1).values.exp()
+        return top2[..., 0] - top2[..., 1]
+    if kind == "entropy":
+        return (logp.exp() * logp).sum(dim=-1)  # = -entropy
+    raise ValueError(f"unknown confidence kind {kind!r}; expected one of {CONFIDENCE_KINDS}")
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def transfer_schedule(num_masked: int, steps: int) -> list[int]:
+    """How many positions to commit at each step so that exactly `num_masked` are committed in `steps`.
+
+    The remainder goes to the earliest steps (every entry is floor or ceil of the mean, never zero while
+    something is left), so the schedule is exact in integers rather than rounded per step.
+    """
+    if num_masked <= 0:
+        return []
+    steps = max(1, min(steps, num_masked))
+    base, extra = divmod(num_masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def quota(num_masked: int, steps_left: int) -> int:
+    """Minimum commits this step so the remaining masks fit in the remaining steps."""
+    if num_masked <= 0:
+        return 0
+    return math.ceil(num_masked / max(1, steps_left))
+
+
+def select_commits(
+    conf: torch.Tensor, masked: torch.Tensor, minimum: int, threshold: float | None = None
+) -> torch.Tensor:
+    """Positions to unmask this step, per row: every masked position above `threshold`, at least `minimum`
+    (the most confident ones), never a position that is already committed.
+
+    conf, masked: (batch, length). Returns a bool mask of the same shape.
+    """
+    conf = conf.float().masked_fill(~masked, float("-inf"))
+    chosen = torch.zeros_like(masked)
+    if threshold is not None:
+        chosen = masked & (conf >= threshold)
+    n_masked = masked.sum(dim=-1)
+    need = torch.clamp(torch.minimum(torch.full_like(n_masked, max(minimum, 1)), n_masked), min=0)
+    k_max = int(need.max().item()) if need.numel() else 0
+    if k_max > 0:
+        idx = conf.topk(k_max, dim=-1).indices
+        rank_ok = torch.arange(k_max, device=conf.device)[None, :] < need[:, None]
+        top = torch.zeros_like(masked).scatter(-1, idx, rank_ok)
+        chosen = chosen | (top & masked)
+    return chosen
+
+
+def entropy_bound_accept(token_entropy: torch.Tensor, bound: float) -> torch.Tensor:
+    """DiffusionGemma's rule: accept the k lowest-entropy positions while sum(H) - max(H) <= bound.
+
+    The left side bounds the mutual information among the accepted tokens, so they can be decided
+    together (arXiv 2505.24857). The lowest-entropy position is always accepted.
+    """
+    sorted_h, order = torch.sort(token_entropy, dim=-1)
+    keep_sorted = (torch.cumsum(sorted_h, dim=-1) - sorted_h) <= bound
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def stable_and_confident(
+    history: Sequence[torch.Tensor],
+    argmax: torch.Tensor,
+    token_entropy: torch.Tensor,
+    stability: int,
+    bound: float,
+) -> torch.Tensor:
+    """DiffusionGemma's early exit, per row: the argmax canvas equals each of the last `stability` ones
+    (history excludes the current one) and the mean token entropy is below `bound`.
+    """
+    rows = argmax.shape[0]
+    if stability == 0:
+        stable = torch.ones(rows, dtype=torch.bool, device=argmax.device)
+    elif len(history) >= stability:
+        stable = torch.stack([(h == argmax).all(dim=-1) for h in history[-stability:]]).all(dim=0)
+    else:
+        stable = torch.zeros(rows, dtype=torch.bool, device=argmax.device)
+    return stable & (token_entropy.mean(dim=-1) < bound)
+
+
+def linear_temperature(step_remaining: int, total_steps: int, t_min: float, t_max: float) -> float:
+    """DiffusionGemma's schedule: t_max at the first step, approaching t_min at the last."""
+    return t_min + (t_max - t_min) * (step_remaining / max(1, total_steps))
+
+
+def trim_at_stop(ids: Sequence[int], stop_ids: Sequence[int] | set[int]) -> list[int]:
+    """Cut a generated span at its first EOS/pad: variable-length infill inside a fixed canvas."""
+    stops = set(stop_ids)
+    out: list[int] = []
+    for t in ids:
+        if t in stops:
+            break
+        out.append(int(t))
+    return out
+
+
+def mean_logprob(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """Mean log-probability of `ids` (length n) under `logits` (n, vocab); the ranking score."""
+    if ids.numel() == 0:
+        return 0.0
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return float(logp.gather(-1, ids[:, None]).mean().item())
+
+
+def bucket(n: int, buckets: Sequence[int] = (8, 16, 32, 64, 128)) -> int:
+    """Smallest bucket >= n so canvas shapes stay few (and compiled/cached kernels get reused)."""
+    for b in buckets:
+        if n <= b:
+            return b
+    return buckets[-1]
+
+
+def cap_steps(steps: int, elapsed_ms: float, ms_per_step: float, deadline_ms: float | None) -> int:
+    """How many more steps fit in the latency budget (at least one, so a request always produces text)."""
+    if deadline_ms is None or ms_per_step <= 0:
+        return steps
+    fit = int((deadline_ms - elapsed_ms) // ms_per_step)
+    return max(1, min(steps, fit))
+
+
+def rank_candidates(cands: list, syntax_ok=None) -> list:
+    """Syntax-passing candidates first, then by mean log-probability; duplicates dropped."""
+    seen: set[str] = set()
+    unique = []
+    for c in cands:
+        if c.text in seen:
+            continue
+        seen.add(c.text)
+        unique.append(c)
+    if syntax_ok is None:
+        return sorted(unique, key=lambda c: -c.mean_logprob)
+    return sorted(unique, key=lambda c: (not syntax_ok(c.text), -c.mean_logprob))

@@ -1,0 +1,73 @@
+"""Tiny random causal and masked LMs with our tokenizer, for the `ar` and `masked` backend tests.
+
+Built from stock transformers classes and saved to a directory, so the engines load them exactly like
+user checkpoints (`from_pretrained` on a local dir).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dg_lsp.models import tokens
+from dg_lsp.models.tiny import _SAMPLE_CODE, build_tokenizer
+
+
+def make_tiny_causal_lm(path: str | Path, seed: int = 0) -> Path:
+    """A 2-layer `LlamaForCausalLM` (the AR twin's shape, at test size)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer([_SAMPLE_CODE] * 4)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        pad_token_id=tokens.PAD_ID,
+        eos_token_id=tokens.EOS_ID,
+        bos_token_id=tokens.BOS_ID,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def make_tiny_masked_lm(path: str | Path, seed: int = 0, logits_shift: bool = False) -> Path:
+    """A 2-layer bidirectional `ModernBertForMaskedLM` using our `<mask>` token.
+
+    `logits_shift=True` marks it Dream-style (position i's token is read from logits at i-1) through the
+    `dg_lsp_logits_shift` config key, which the masked backend honours like Dream's architecture names.
+    """
+    import torch
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer([_SAMPLE_CODE] * 4)
+    torch.manual_seed(seed)
+    config = ModernBertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=2048,
+        pad_token_id=tokens.PAD_ID,
+        eos_token_id=tokens.EOS_ID,
+        bos_token_id=tokens.BOS_ID,
+        cls_token_id=tokens.BOS_ID,
+        sep_token_id=tokens.EOS_ID,
+        mask_token_id=tokens.MASK_ID,
+        global_attn_every_n_layers=1,
+    )
+    config.dg_lsp_logits_shift = logits_shift
+    ModernBertForMaskedLM(config).eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,78 @@
+"""The autoregressive baseline on a tiny real causal LM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dg_lsp.engine.types import Cancelled, InfillRequest
+from dg_lsp.models import tokens
+
+PREFIX = "class Stack:\n    def push(self, item):\n        self."
+SUFFIX = "\n\n    def pop(self):\n        return self.items.pop()\n"
+
+
+def greedy_reference(engine, request):
+    ids = torch.tensor([engine.prompt_ids(request)])
+    out = engine.model.generate(
+        ids,
+        do_sample=False,
+        max_new_tokens=request.max_tokens,
+        eos_token_id=[tokens.EOS_ID, tokens.PAD_ID],
+        pad_token_id=tokens.PAD_ID,
+    )
+    new = out[0, ids.shape[1] :].tolist()
+    return [t for t in new if t not in (tokens.EOS_ID, tokens.PAD_ID)]
+
+
+def test_greedy_matches_transformers_generate(ar_engine):
+    ar_engine.use_continuation_cache = False
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=12)
+    result = ar_engine.infill(request)
+    assert result.candidates[0].token_ids == greedy_reference(ar_engine, request)
+    assert result.stats.forward_passes == result.stats.generated_tokens == 12  # one pass per token
+    assert result.stats.tokens_per_forward == 1.0
+
+
+def test_kv_reuse_is_identical(ar_engine):
+    ar_engine.use_continuation_cache = False
+    first = InfillRequest(PREFIX, SUFFIX, max_tokens=10, doc_key="a")
+    second = dataclasses.replace(first, prefix=PREFIX + "items")
+    ar_engine.infill(first)
+    warm = ar_engine.infill(second)
+    assert warm.stats.reused_prompt_tokens > 10
+    ar_engine.reset_caches()
+    cold = ar_engine.infill(second)
+    assert cold.stats.reused_prompt_tokens == 0
+    assert warm.candidates[0].token_ids == cold.candidates[0].token_ids
+    assert warm.candidates[0].token_ids == greedy_reference(ar_engine, second)
+
+
+def test_cancel_stops_within_one_token(ar_engine):
+    ar_engine.use_continuation_cache = False
+    calls = []
+    handle = ar_engine.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(Cancelled):
+            ar_engine.infill(
+                InfillRequest(PREFIX, SUFFIX, max_tokens=30), should_cancel=lambda: len(calls) >= 4
+            )
+    finally:
+        handle.remove()
+    assert len(calls) == 4
+
+
+def test_cancelled_request_leaves_no_stale_cache(ar_engine):
+    ar_engine.use_continuation_cache = False
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=10, doc_key="b")
+    calls = []
+    handle = ar_engine.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(Cancelled):
+            ar_engine.infill(request, should_cancel=lambda: len(calls) >= 3)
+    finally:
+        handle.remove()
+    again = ar_engine.infill(request)
+    assert again.candidates[0].token_ids == greedy_reference(ar_engine, request)

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dg_lsp.engine.loader import ModelLoadError, detect_backend, load_engine, resolve_model_dir
+from dg_lsp.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("config", "backend"),
+    [
+        ({"architectures": ["DiffusionGemmaForBlockDiffusion"]}, "diffusion-gemma"),
+        ({"architectures": ["LlamaForCausalLM"]}, "ar"),
+        ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}, "ar"),
+        ({"architectures": ["ModernBertForMaskedLM"]}, "masked"),
+        ({"architectures": ["LLaDAModelLM"], "model_type": "llada"}, "masked"),
+        ({"architectures": ["DreamModel"], "model_type": "Dream"}, "masked"),
+    ],
+)
+def test_detect_backend(config, backend):
+    assert detect_backend(config) == backend
+
+
+def test_detect_backend_unknown_is_a_readable_error():
+    with pytest.raises(ModelLoadError, match="backend"):
+        detect_backend({"architectures": ["ResNetForImageClassification"]})
+
+
+def test_load_engine_picks_backend_from_config(tiny_dg_dir, tiny_causal_dir):
+    dg = load_engine(Settings(model=str(tiny_dg_dir), device="cpu"))
+    assert dg.name == "diffusion-gemma"
+    ar = load_engine(Settings(model=str(tiny_causal_dir), device="cpu"))
+    assert ar.name == "ar" and ar.describe()["backend"] == "ar"
+
+
+def test_load_engine_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        resolve_model_dir(str(tmp_path / "missing"))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DiffusionGemmaForBlockDiffusion"]}))
+    with pytest.raises(ModelLoadError, match="could not load"):
+        load_engine(Settings(model=str(tmp_path), device="cpu"))
+    with pytest.raises(ModelLoadError, match="CUDA"):
+        load_engine(Settings(model=str(tmp_path), device="cuda"))
