@@ -74,6 +74,8 @@ def find_placeholders(snapshot: DocumentSnapshot) -> list[Placeholder]:
     for m in _MARKER.finditer(text):
         node = _node_at(snapshot, m.start())
         comment = next((a for a in ancestors(node) if is_comment(a)), None)
+        while comment is not None and comment.parent is not None and is_comment(comment.parent):
+            comment = comment.parent  # Lua: `comment_content` inside `comment`
         if comment is None or comment.id in seen_comments:
             continue
         seen_comments.add(comment.id)

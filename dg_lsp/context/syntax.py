@@ -87,6 +87,11 @@ def error_count(snapshot: DocumentSnapshot, start_byte: int = 0, end_byte: int |
 
 def _line_range(text: str, start: int, end: int, max_lines: int = 12) -> tuple[int, int]:
     """Whole lines around [start, end), from the first line's indentation, at most `max_lines` lines."""
+    if not text[text.rfind("\n", 0, start) + 1:max(start, end)].strip():
+        # an issue at the end of a line or of the file (a MISSING `fi`): repair the last code line
+        back = len(text[:start].rstrip())
+        if back:
+            start = min(start, back - 1)
     line_start = text.rfind("\n", 0, start) + 1
     while line_start < start and text[line_start] in " \t":
         line_start += 1

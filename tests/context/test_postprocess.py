@@ -1,0 +1,84 @@
+"""Candidate clean-up: suffix overlap, bracket balance, re-indent, stop rules, empty/repeated output."""
+
+from __future__ import annotations
+
+import pytest
+
+from dg_lsp.context import postprocess
+
+CASES = [
+    # --- text that duplicates the suffix right after the cursor
+    ("python", "x = foo(a, <|>)\n", "b, c)", "b, c"),
+    ("python", "x = foo(a, <|>)\n", "b, c)\ny = 2", "b, c"),
+    ("javascript", "console.log('sum', <|>);\n", "total);", "total"),
+    ("c", "int main(void) {\n  printf(\"%d\\n\", <|>);\n}\n", "x + 1);\n}", "x + 1"),
+    ("lua", "local t = {1, 2, <|>}\n", "3, 4}", "3, 4"),
+    ("python", "def f(a, <|>):\n    return a\n", "b):", "b"),
+    ("javascript", "function f(a) {\n  <|>\n  return b;\n}\n", "const b = a * 2;\n  return b;\n}",
+     "const b = a * 2;"),
+    ("python", "def f(x):\n    y = 1\n    <|>\n    return y\n", "y += 2\n    return y", "y += 2"),
+    ("rust", "fn main() {\n    let v = vec![1, <|>];\n}\n", "2, 3];", "2, 3"),
+    # --- string spans stop at the closing quote
+    ("python", "msg = 'hello <|>'\n", "world' + name", "world"),
+    ("go", "package main\n\nvar s = \"abc<|>\"\n", "def\"\nvar t = 1", "def"),
+    # --- bracket balance
+    ("python", "def f(x):\n    return (x +<|>\n", " 1))))", " 1)"),
+    ("python", "x = foo(<|>\n", "bar(1, 2", "bar(1, 2)"),
+    ("javascript", "function f(a) {\n  <|>\n}\n", "if (a) {\n    b();", "if (a) {\n    b();\n  }"),
+    ("javascript", "function f(a) {\n  <|>\n}\n", "const c = 1;\nif (a) {\n    b();", "const c = 1;"),
+    ("go", "package main\n\nfunc add(a, b int) int {\n\t<|>\n}\n", "return a + b\n}\n\nfunc main() {",
+     "return a + b"),
+    ("java", "class A {\n  int twice(int x) {\n    <|>\n  }\n}\n", "return 2 * x;\n  }\n}", "return 2 * x;"),
+    # --- re-indent to the cursor's block
+    ("python", "def f(x):\n<|>\n", "return x + 1", "    return x + 1"),
+    ("python", "def f(x):\n    <|>\n", "    return x", "return x"),
+    ("python", "def f(x):\n    <|>\n", "if x:\n    return 1\nreturn 2",
+     "if x:\n        return 1\n    return 2"),
+    ("go", "package main\n\nfunc f() int {\n\t<|>\n}\n",
+     "x := 1\n    if x > 0 {\n        return x\n    }\n    return 0\n}",
+     "x := 1\n\tif x > 0 {\n\t\treturn x\n\t}\n\treturn 0"),
+    ("cpp", "class S {\n public:\n  int pop() {\n    <|>\n  }\n};\n", "int x = top;\n    return x;",
+     "int x = top;\n    return x;"),
+    ("python", "class A:\n    def f(self):<|>\n", "\n    return 1", "\n        return 1"),
+    # --- stop rules
+    ("python", "def f(x):\n    <|>\n", "return x + 1\n\ndef g():\n    pass", "return x + 1"),
+    ("bash", "greet() {\n  <|>\n}\n", "echo \"hi $1\"\n}\n\nmain() {", "echo \"hi $1\""),
+    ("lua", "local function add(a, b)\n  <|>\nend\n", "return a + b\nend\n\nlocal x = 1", "return a + b"),
+    ("python", "value = compute<|>\n", "(1, 2)\nprint(value)", "(1, 2)"),
+    ("python", "def f():\n    a = 0\n    <|>\n", "a += 1\n    b = 2\n\n    c = 3", "a += 1\n    b = 2"),
+    ("python", "def f():\n    a = 0\n    <|>\n", "a += 1\nb = 2", "a += 1"),  # `b = 2` left the block
+    ("typescript", "function len(s: string): number {\n  <|>\n}\n", "return s.length;   \n}",
+     "return s.length;"),
+    # --- repeated or empty output
+    ("python", "def f(x):\n    <|>\n", "x = 1\nx = 1\nx = 1", "x = 1"),
+    ("python", "x = foo(<|>)\n", ")", None),
+    ("python", "x = foo(<|>)\n", "   \n  ", None),
+    ("python", "import os\n<|>\n", "import os", None),
+    ("tsx", "const a = <div>{<|>}</div>;\n", "items.length}", "items.length"),
+]
+
+
+@pytest.mark.parametrize(("language", "src", "candidate", "expected"), CASES)
+def test_postprocess(ctx_at, language, src, candidate, expected):
+    ctx, _ = ctx_at(src, language)
+    assert postprocess(candidate, ctx) == expected
+
+
+def test_placeholder_fill_that_changes_nothing_is_dropped(ctx_at):
+    from dg_lsp.context import build_context
+
+    ctx, snap = ctx_at("def f(x):\n    <|>pass\n", "python")
+    fill = build_context(snap, ctx.cursor_offset, end_offset=ctx.cursor_offset + 4)
+    assert postprocess("pass", fill) is None
+    assert postprocess("return x * 2", fill) == "return x * 2"
+
+
+def test_todo_placeholder_keeps_the_note_in_the_prompt(ctx_at):
+    from dg_lsp.context import build_context
+
+    ctx, snap = ctx_at("def area(r):\n    <|># TODO: circle area\n", "python")
+    end = snap.text.index("\n", ctx.cursor_offset)
+    fill = build_context(snap, ctx.cursor_offset, end_offset=end)
+    assert fill.span.name == "placeholder"
+    assert fill.prefix.endswith("    # TODO: circle area\n    ")
+    assert postprocess("return 3.14159 * r * r", fill) == "return 3.14159 * r * r"
