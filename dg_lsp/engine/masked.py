@@ -1,0 +1,226 @@
+"""Masked (absorbing-state) diffusion LMs: canvas `prefix [MASK]xN suffix`, unmasked by confidence.
+
+Two families share this loop: LLaDA-style models read position i's token from logits at i, and
+Dream/DiffuCoder/DreamOn-style models (trained from AR checkpoints) from logits at i-1 ("shifted").
+Each step commits every masked position whose confidence clears `threshold`, and at least the
+quota that lets the remaining masks finish within the remaining steps (exact integer schedule).
+Once an EOS/pad is committed, every still-masked position after it is filled with EOS at once:
+the span is variable-length and the tail would be trimmed anyway, so those steps are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dg_lsp.engine import sampler
+from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
+
+SHIFTED_HINTS = ("dream", "diffucoder")
+
+
+@dataclass(frozen=True)
+class MaskedSamplerConfig:
+    steps: int = 12
+    """Upper bound on denoising passes per canvas (also capped by the latency budget)."""
+    confidence: str = "max_prob"
+    """`max_prob`, `margin` (top-1 minus top-2) or `entropy`."""
+    threshold: float | None = 0.9
+    """Commit every position at least this confident; None = pure schedule (quota only)."""
+    temperature: float = 0.7
+    """Gumbel temperature for extra candidates; the first candidate is always greedy."""
+    buckets: tuple[int, ...] = (8, 16, 32, 64, 128)
+    logits_shift: bool | None = None
+    """None = decide from the checkpoint (Dream-like names or `dg_lsp_logits_shift` in config.json)."""
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
+        """Read `masked.*`-style keys (e.g. from `Settings.extra["masked"]`), ignoring unknown ones."""
+        opts = dict((options or {}).get("masked", options or {}))
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in opts.items() if k in known}
+        if "buckets" in kwargs:
+            kwargs["buckets"] = tuple(int(b) for b in kwargs["buckets"])
+        if steps and "steps" not in kwargs:
+            kwargs["steps"] = int(steps)
+        cfg = cls(**kwargs)
+        if cfg.confidence not in sampler.CONFIDENCE_KINDS:
+            raise ValueError(f"masked.confidence must be one of {sampler.CONFIDENCE_KINDS}")
+        return cfg
+
+
+def detect_logits_shift(config: dict) -> bool:
+    if "dg_lsp_logits_shift" in config:
+        return bool(config["dg_lsp_logits_shift"])
+    names = [str(a).lower() for a in config.get("architectures") or []] + [
+        str(config.get("model_type", "")).lower()
+    ]
+    return any(h in n for n in names for h in SHIFTED_HINTS)
+
+
+class MaskedDiffusionEngine(LocalEngine):
+    name = "masked"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        device: str = "cpu",
+        max_prompt_tokens: int = 1024,
+        quantization: str = "none",
+        trust_remote_code: bool = False,
+        sampler: MaskedSamplerConfig | None = None,
+        use_continuation_cache: bool = True,
+    ):
+        super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=False)
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+
+        from dg_lsp.engine import quantization as quant
+
+        self.model_dir = Path(model_dir)
+        self.device = torch.device(device)
+        raw = json.loads((self.model_dir / "config.json").read_text())
+        self.cfg = sampler or MaskedSamplerConfig()
+        self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else detect_logits_shift(raw)
+        self.quantization = quant.resolve_kind(quantization, self.device)
+        kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        if self.quantization in ("8bit", "nf4"):
+            kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head", "decoder"])
+            kwargs["device_map"] = str(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
+        archs = [str(a) for a in raw.get("architectures") or []]
+        loader = AutoModelForMaskedLM if any(a.endswith("ForMaskedLM") for a in archs) else AutoModel
+        self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
+        if self.quantization == "int8":
+            quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
+        if self.quantization not in ("8bit", "nf4"):
+            self.model.to(self.device)
+        mask_id = self.tokenizer.mask_token_id
+        if mask_id is None:
+            mask_id = raw.get("mask_token_id")
+        if mask_id is None:
+            raise ValueError("masked backend: the tokenizer/config defines no mask token")
+        self.mask_id = int(mask_id)
+        self.stop_ids = {
+            int(t)
+            for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, raw.get("eos_token_id"))
+            if isinstance(t, int)
+        }
+        self.fill_id = int(
+            self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.mask_id
+        )
+        self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
+        self.max_prompt_tokens = max_prompt_tokens
+        self.ms_per_step: float | None = None
+        self.last_commits: list[int] = []
+        """Positions committed per step in the last request (row 0), for tests and benchmarks."""
+
+    def describe(self) -> dict[str, str]:
+        params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "backend": self.name,
+            "model": str(self.model_dir),
+            "device": str(self.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
+            "parameters": f"{params / 1e6:.2f}M",
+            "logits_shift": str(self.shift),
+            "confidence": self.cfg.confidence,
+            "threshold": str(self.cfg.threshold),
+        }
+
+    def warmup(self) -> None:
+        self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=8))
+        self.reset_caches()
+
+    def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
+        """Token ids `[bos] prefix [MASK]*length suffix` and the index of the first mask."""
+        pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
+        suf = self.tokenizer.encode(request.suffix, add_special_tokens=False)
+        pre, suf = budget_prompt(pre, suf, max(8, self.max_prompt_tokens - length))
+        head = self.bos + pre
+        return head + [self.mask_id] * length + suf, len(head)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=x).logits
+        if self.shift:  # position i is predicted at i-1; the first position keeps its own (never a mask)
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits
+
+    def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
+        cfg = self.cfg
+        length = sampler.bucket(request.max_tokens, cfg.buckets)
+        ids, start = self.canvas(request, length)
+        stats.prompt_tokens = len(ids) - length
+        batch = max(1, request.num_candidates)
+        steps = min(max(1, request.steps or cfg.steps), length)
+        if request.deadline_ms is not None and self.ms_per_step:
+            steps = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
+        stats.step_cap = steps
+        gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
+        x = torch.tensor([ids] * batch, device=self.device)
+        span = slice(start, start + length)
+        masked = torch.ones(batch, length, dtype=torch.bool, device=self.device)
+        logp_sum = torch.zeros(batch, device=self.device)
+        logp_n = torch.zeros(batch, device=self.device)
+        self.last_commits = []
+        with torch.inference_mode():
+            for step in range(steps):
+                check()
+                t0 = time.perf_counter()
+                logits = self._logits(x)[:, span].float()
+                stats.forward_passes += 1
+                logp = torch.log_softmax(logits, dim=-1)
+                scores = logp.clone()
+                if batch > 1:  # rows after the first draw alternatives (Gumbel-max sampling)
+                    u = torch.rand(scores.shape, generator=gen, device=self.device).clamp_(1e-9, 1 - 1e-9)
+                    gumbel = -torch.log(-torch.log(u))
+                    scores[1:] = scores[1:] / cfg.temperature + gumbel[1:]
+                pred = scores.argmax(dim=-1)
+                conf = sampler.confidence(logits, cfg.confidence)
+                need = sampler.quota(int(masked.sum(dim=-1).max()), steps - step)
+                commit = sampler.select_commits(conf, masked, need, cfg.threshold)
+                canvas = x[:, span]
+                canvas[commit] = pred[commit]
+                picked = logp.gather(-1, pred[..., None]).squeeze(-1)
+                logp_sum += (picked * commit).sum(dim=-1)
+                logp_n += commit.sum(dim=-1)
+                masked &= ~commit
+                self.last_commits.append(int(commit[0].sum()))
+                fill_after_stop(canvas, masked, self.stop_ids, self.fill_id)
+                x[:, span] = canvas
+                step_ms = (time.perf_counter() - t0) * 1000
+                self.ms_per_step = (
+                    step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms
+                )
+                if not masked.any():
+                    stats.early_exit = step + 1 < steps
+                    break
+        cands = []
+        for b in range(batch):
+            new = sampler.trim_at_stop(x[b, span].tolist(), self.stop_ids | {self.mask_id})[
+                : request.max_tokens
+            ]
+            text = self.tokenizer.decode(new, skip_special_tokens=True)
+            score = float(logp_sum[b] / logp_n[b]) if logp_n[b] > 0 else 0.0
+            cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
+            stats.generated_tokens = max(stats.generated_tokens, len(new))
+        return cands
+
+
+def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:
+    """Variable length: masks after a committed stop token are EOS tail; fill them in place."""
+    if not stop_ids:
+        return
+    stops = torch.zeros_like(masked)
+    for s in stop_ids:
+        stops |= canvas == s
+    stops &= ~masked
+    tail = (stops.cumsum(dim=-1) > 0) & masked
+    canvas[tail] = fill_id
+    masked &= ~tail

@@ -1,0 +1,142 @@
+"""The masked-diffusion backend on tiny real bidirectional masked LMs (ModernBERT classes)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dg_lsp.engine import sampler
+from dg_lsp.engine.loader import load_engine
+from dg_lsp.engine.masked import (
+    MaskedDiffusionEngine,
+    MaskedSamplerConfig,
+    detect_logits_shift,
+    fill_after_stop,
+)
+from dg_lsp.engine.types import Cancelled, InfillRequest
+from dg_lsp.settings import Settings
+
+PREFIX = "def add(a, b):\n    return "
+SUFFIX = "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def masked_engine(tiny_masked_dir):
+    return MaskedDiffusionEngine(tiny_masked_dir)
+
+
+@pytest.fixture(scope="module")
+def shifted_engine(tiny_shifted_dir):
+    return MaskedDiffusionEngine(tiny_shifted_dir)
+
+
+def one_shot(engine, request):
+    """Commit everything at the first step (threshold 0): output = argmax of one forward pass."""
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, threshold=0.0)
+    try:
+        return engine.infill(request)
+    finally:
+        engine.cfg = saved
+
+
+@pytest.mark.parametrize("which", ["masked_engine", "shifted_engine"])
+def test_logit_alignment_llada_vs_dream(which, request):
+    engine = request.getfixturevalue(which)
+    engine.use_continuation_cache = False
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8)
+    result = one_shot(engine, req)
+    assert result.stats.forward_passes == 1 and engine.last_commits == [8]
+    ids, start = engine.canvas(req, 8)
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([ids])).logits[0]
+    offset = start - 1 if engine.shift else start
+    manual = logits[offset : offset + 8].argmax(-1).tolist()
+    assert result.candidates[0].token_ids == sampler.trim_at_stop(manual, engine.stop_ids | {engine.mask_id})
+    assert engine.shift == (which == "shifted_engine")
+
+
+def test_schedule_commits_exact_integer_counts(masked_engine):
+    masked_engine.use_continuation_cache = False
+    saved = masked_engine.cfg
+    masked_engine.cfg = dataclasses.replace(saved, threshold=None)
+    try:
+        result = masked_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=5))
+    finally:
+        masked_engine.cfg = saved
+    if len(masked_engine.last_commits) == 5:  # no EOS fill shortened it
+        assert masked_engine.last_commits == sampler.transfer_schedule(16, 5)
+    assert sum(masked_engine.last_commits) <= 16
+    assert result.stats.forward_passes == len(masked_engine.last_commits) <= 5
+
+
+@pytest.mark.parametrize("kind", sampler.CONFIDENCE_KINDS)
+def test_threshold_decoding_finishes_within_steps(masked_engine, kind):
+    masked_engine.use_continuation_cache = False
+    saved = masked_engine.cfg
+    masked_engine.cfg = dataclasses.replace(saved, confidence=kind, threshold=0.5)
+    try:
+        result = masked_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=32, steps=6))
+    finally:
+        masked_engine.cfg = saved
+    assert 1 <= result.stats.forward_passes <= 6
+    assert all(c >= 1 for c in masked_engine.last_commits)
+
+
+def test_canvas_is_bucketed(masked_engine):
+    shapes = []
+    handle = masked_engine.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: shapes.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    masked_engine.use_continuation_cache = False
+    try:
+        for n in (9, 12, 16):
+            masked_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=n, steps=1))
+    finally:
+        handle.remove()
+    assert len(set(shapes)) == 1  # 9, 12 and 16 tokens all use the 16-token canvas
+
+
+def test_deterministic_candidates_and_cancel(masked_engine):
+    masked_engine.use_continuation_cache = False
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, num_candidates=3, seed=4, steps=4)
+    a = [c.token_ids for c in masked_engine.infill(req).candidates]
+    b = [c.token_ids for c in masked_engine.infill(req).candidates]
+    assert a == b and len(a) >= 2
+    calls = []
+    handle = masked_engine.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        with pytest.raises(Cancelled):
+            masked_engine.infill(
+                InfillRequest(PREFIX, SUFFIX, max_tokens=32, steps=8), should_cancel=lambda: len(calls) >= 2
+            )
+    finally:
+        handle.remove()
+    assert len(calls) == 2
+
+
+def test_fill_after_stop_fills_only_the_tail():
+    canvas = torch.tensor([[5, 1, 6, 6], [6, 6, 6, 6], [5, 6, 1, 6]])
+    masked = canvas == 6
+    fill_after_stop(canvas, masked, {1}, 1)
+    assert canvas.tolist() == [[5, 1, 1, 1], [6, 6, 6, 6], [5, 6, 1, 1]]
+    assert masked.tolist() == [[False] * 4, [True] * 4, [False, True, False, False]]
+
+
+def test_config_and_detection(tiny_masked_dir):
+    assert detect_logits_shift({"architectures": ["DreamModel"]})
+    assert detect_logits_shift({"model_type": "diffucoder"})
+    assert not detect_logits_shift({"architectures": ["LLaDAModelLM"]})
+    assert detect_logits_shift({"architectures": ["LLaDAModelLM"], "dg_lsp_logits_shift": True})
+    cfg = MaskedSamplerConfig.from_options(
+        {"masked": {"threshold": 0.8, "confidence": "margin", "x": 1}}, steps=7
+    )
+    assert (cfg.threshold, cfg.confidence, cfg.steps) == (0.8, "margin", 7)
+    with pytest.raises(ValueError):
+        MaskedSamplerConfig.from_options({"confidence": "vibes"})
+    engine = load_engine(
+        Settings(model=str(tiny_masked_dir), device="cpu", extra={"masked": {"threshold": 0.7}})
+    )
+    assert engine.name == "masked" and engine.cfg.threshold == 0.7
