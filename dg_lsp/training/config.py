@@ -1,0 +1,93 @@
+"""Training configuration: one JSON file per recipe in `dg_lsp/training/configs/`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    num_experts: int = 4
+    top_k_experts: int = 2
+    moe_intermediate_size: int = 256
+    sliding_window: int = 512
+    canvas_length: int = 32
+    # repeated to num_hidden_layers; the last layer is always full attention, as in Gemma 4
+    layer_pattern: list[str] = field(default_factory=lambda: ["sliding_attention", "full_attention"])
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "data/corpus"
+    tokenizer: str = "data/tokenizer"
+    # (prefix + suffix) token budgets, one drawn per batch so short and long contexts are both seen
+    context_tokens: list[int] = field(default_factory=lambda: [64, 128, 256])
+    max_suffix_fraction: float = 0.25
+    # relative weights of middle kinds, drawn like real edits
+    span_weights: dict[str, float] = field(
+        default_factory=lambda: {
+            "rest_of_line": 0.3,
+            "lines": 0.25,
+            "block": 0.15,
+            "span": 0.25,
+            "empty": 0.05,
+        }
+    )
+    valid_samples: int = 64
+
+
+@dataclass
+class TrainConfig:
+    kind: str = "diffusion"  # "diffusion" (DiffusionGemmaForBlockDiffusion) or "ar" (causal twin)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    batch_size: int = 16
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    max_steps: int = 3000
+    max_minutes: float = 0.0  # >0: the LR schedule and the run also end on wall-clock time
+    ar_loss_weight: float = 0.5  # encoder AR loss next to the canvas loss (diffusion only)
+    self_cond_prob: float = 0.5
+    t_min: float = 1e-3
+    eval_every: int = 200
+    save_every: int = 100
+    threads: int = 1
+    seed: int = 0
+    device: str = "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _build(cls, raw: dict):
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} keys: {sorted(unknown)}")
+    kwargs = {}
+    for k, v in raw.items():
+        sub = {"model": ModelConfig, "data": DataConfig}.get(k) if cls is TrainConfig else None
+        kwargs[k] = _build(sub, v) if sub else v
+    return cls(**kwargs)
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    raw = json.loads(Path(path).read_text())
+    raw.pop("_comment", None)
+    raw.update(overrides or {})
+    return _build(TrainConfig, raw)
+
+
+def config_from_dict(raw: dict) -> TrainConfig:
+    return _build(TrainConfig, dict(raw))

@@ -1,0 +1,300 @@
+"""`dg-lsp train CONFIG`: train the embedded DiffusionGemma model or its autoregressive twin.
+
+Both kinds see the same FIM examples for the same seed and step (same sampler, same budgets), so
+their token budgets match. Runs are resumable: `checkpoint.pt` holds model, optimizer, step,
+elapsed time and history, and the data for step n is a pure function of (seed, n).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dg_lsp.training.batches import (
+    Example,
+    causal_batch,
+    diffusion_batch,
+    draw_budget,
+    to_device,
+    tokenize_fim,
+)
+from dg_lsp.training.config import TrainConfig, config_from_dict, load_config
+from dg_lsp.training.corpus import Doc, load_docs
+from dg_lsp.training.models import build_model, count_parameters, export
+from dg_lsp.training.objectives import causal_loss, causal_middle_loss, diffusion_loss
+from dg_lsp.training.spans import sample_fim
+
+
+@dataclass
+class DocSampler:
+    """Files drawn in proportion to their length, so every token is about equally likely."""
+
+    docs: list[Doc]
+
+    def __post_init__(self):
+        self.cum = []
+        total = 0
+        for d in self.docs:
+            total += len(d.text)
+            self.cum.append(total)
+
+    def draw(self, rng: random.Random) -> Doc:
+        return self.docs[bisect.bisect_right(self.cum, rng.random() * self.cum[-1])]
+
+
+def make_examples(
+    cfg: TrainConfig, tokenizer, sampler: DocSampler, rng: random.Random, n: int
+) -> list[Example]:
+    budget, suffix_budget = draw_budget(rng, cfg.data.context_tokens, cfg.data.max_suffix_fraction)
+    max_middle = cfg.model.canvas_length - 1  # at least one EOS: the engine cuts the canvas there
+    out = []
+    for _ in range(n):
+        fim = sample_fim(sampler.draw(rng).text, rng, cfg.data.span_weights)
+        out.append(tokenize_fim(tokenizer, fim, budget, suffix_budget, max_middle))
+    return out
+
+
+def step_loss(cfg: TrainConfig, model, examples: list[Example], gen: torch.Generator):
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device.startswith("cuda"))
+    with autocast:
+        if cfg.kind == "diffusion":
+            batch = to_device(diffusion_batch(examples, cfg.model.canvas_length), cfg.device)
+            return diffusion_loss(model, batch, gen, cfg.t_min, cfg.self_cond_prob, cfg.ar_loss_weight)
+        return causal_loss(model, to_device(causal_batch(examples), cfg.device))
+
+
+def valid_examples(cfg: TrainConfig, tokenizer, docs: list[Doc]) -> list[list[Example]]:
+    """A fixed held-out set (same for both kinds), in batches of 8."""
+    rng = random.Random(12345)
+    sampler = DocSampler(docs)
+    batches = []
+    for _ in range(max(1, cfg.data.valid_samples // 8)):
+        batches.append(make_examples(cfg, tokenizer, sampler, rng, 8))
+    return batches
+
+
+@torch.no_grad()
+def evaluate(cfg: TrainConfig, model, batches: list[list[Example]]) -> dict[str, float]:
+    """Held-out loss on the canvas (diffusion: t on a fixed grid, no self-conditioning) or the middle (AR)."""
+    model.eval()
+    total, n = 0.0, 0
+    ar_total = 0.0
+    for i, examples in enumerate(batches):
+        if cfg.kind == "diffusion":
+            batch = to_device(diffusion_batch(examples, cfg.model.canvas_length), cfg.device)
+            gen = torch.Generator().manual_seed(i)
+            t = ((torch.arange(len(examples)) + 0.5) / len(examples)).to(cfg.device)
+            losses = diffusion_loss(model, batch, gen, self_cond_prob=0.0, ar_weight=1.0, t=t)
+            total += losses.canvas
+            ar_total += losses.ar
+        else:
+            batch = to_device(causal_batch(examples), cfg.device)
+            total += causal_middle_loss(model, batch)
+            ar_total += causal_loss(model, batch).ar
+        n += 1
+    model.train()
+    return {"valid_loss": total / n, "valid_ar_loss": ar_total / n}
+
+
+def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cos)
+
+
+def progress_of(cfg: TrainConfig, step: int, elapsed: float) -> float:
+    p = step / cfg.max_steps
+    if cfg.max_minutes > 0:
+        p = max(p, elapsed / (cfg.max_minutes * 60))
+    return p
+
+
+def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def plot_history(history: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [h for h in history if "loss" in h]
+    if train:
+        k = max(1, len(train) // 100)
+        xs = [h["step"] for h in train]
+        ys = [h["loss"] for h in train]
+        smooth = [
+            sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))
+        ]
+        ax.plot(xs, smooth, label="train loss (total)")
+    valid = [h for h in history if "valid_loss" in h]
+    if valid:
+        ax.plot([h["step"] for h in valid], [h["valid_loss"] for h in valid], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_checkpoint(
+    path: Path, model, opt, step: int, elapsed: float, history: list, best: float, cfg
+) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "elapsed": elapsed,
+            "history": history,
+            "best": best,
+            "config": cfg.to_dict(),
+        },
+        tmp,
+    )
+    tmp.replace(path)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="dg-lsp train", description=__doc__.splitlines()[0])
+    ap.add_argument("config", type=Path, help="JSON config (see dg_lsp/training/configs/)")
+    ap.add_argument("--out", type=Path, help="run directory (default runs/<config name>)")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    ap.add_argument("--max-steps", type=int)
+    ap.add_argument("--max-minutes", type=float)
+    ap.add_argument("--kind", choices=["diffusion", "ar"], help="override the config's model kind")
+    ap.add_argument("--corpus", help="override data.corpus")
+    ap.add_argument("--tokenizer", help="override data.tokenizer")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--device", help="cpu, cuda, cuda:1 ... (overrides the config)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    overrides = {
+        k: v
+        for k, v in {
+            "max_steps": args.max_steps,
+            "max_minutes": args.max_minutes,
+            "kind": args.kind,
+            "threads": args.threads,
+            "device": args.device,
+        }.items()
+        if v is not None
+    }
+    out = args.out or Path("runs") / args.config.stem
+    ckpt_path = out / "checkpoint.pt"
+    if args.resume and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False, map_location="cpu")
+        raw = state["config"]
+        raw.update(overrides)
+        cfg = config_from_dict(raw)
+    else:
+        state = None
+        cfg = load_config(args.config, overrides)
+    if args.corpus:
+        cfg.data.corpus = args.corpus
+    if args.tokenizer:
+        cfg.data.tokenizer = args.tokenizer
+    torch.set_num_threads(cfg.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.data.tokenizer)
+    corpus = Path(cfg.data.corpus)
+    sampler = DocSampler(load_docs(corpus / "train.jsonl"))
+    valid = valid_examples(cfg, tokenizer, load_docs(corpus / "valid.jsonl"))
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.kind, cfg.model, len(tokenizer)).to(cfg.device)
+    opt = make_optimizer(cfg, model)
+    step, elapsed, history, best = 0, 0.0, [], float("inf")
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed, history, best = state["step"], state["elapsed"], state["history"], state["best"]
+        print(f"resumed {out} at step {step} ({elapsed / 60:.1f} min)")
+    model.train()
+    n_params = count_parameters(model)
+    print(f"{cfg.kind} model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, run dir {out}")
+
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=args.no_progress, dynamic_ncols=True)
+    tokens_seen = next((h["tokens"] for h in reversed(history) if "tokens" in h), 0)
+    start = time.perf_counter() - elapsed
+    while progress_of(cfg, step, time.perf_counter() - start) < 1.0:
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        examples = make_examples(cfg, tokenizer, sampler, rng, cfg.batch_size)
+        tokens_seen += sum(len(e.prompt) + cfg.model.canvas_length for e in examples)
+        lr = lr_at(cfg, step, progress_of(cfg, step, time.perf_counter() - start))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        losses = step_loss(cfg, model, examples, gen)
+        opt.zero_grad(set_to_none=True)
+        losses.total.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step += 1
+        record = {
+            "step": step,
+            "loss": losses.total.item(),
+            "canvas": losses.canvas,
+            "ar": losses.ar,
+            "lr": lr,
+            "gnorm": float(gnorm),
+            "tokens": tokens_seen,
+            "time": time.perf_counter() - start,
+        }
+        history.append(record)
+        bar.update(1)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.1e}")
+        done = progress_of(cfg, step, time.perf_counter() - start) >= 1.0
+        if step % cfg.eval_every == 0 or done:
+            metrics = evaluate(cfg, model, valid)
+            history.append({"step": step, **metrics, "time": time.perf_counter() - start})
+            bar.write(
+                f"step {step}: held-out {metrics['valid_loss']:.4f} (ar {metrics['valid_ar_loss']:.4f})"
+            )
+            if metrics["valid_loss"] < best:
+                best = metrics["valid_loss"]
+                export(model, tokenizer, out / "best", dtype=torch.float32)
+                (out / "best" / "metrics.json").write_text(json.dumps({"step": step, **metrics}) + "\n")
+            plot_history(history, out / "loss.png", f"{cfg.kind} ({n_params / 1e6:.1f}M params)")
+        if step % cfg.save_every == 0 or done:
+            save_checkpoint(ckpt_path, model, opt, step, time.perf_counter() - start, history, best, cfg)
+    bar.close()
+    (out / "history.json").write_text(json.dumps(history) + "\n")
+    print(
+        f"done: {step} steps, {tokens_seen} tokens, "
+        f"{(time.perf_counter() - start) / 60:.1f} min, best {best:.4f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
