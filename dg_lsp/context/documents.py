@@ -31,7 +31,8 @@ class DocumentSnapshot:
 
     @functools.cached_property
     def ascii(self) -> bool:
-        return len(self.data) == len(self.text)
+        """Byte offsets equal str offsets (the common case, which skips every conversion)."""
+        return len(self.data) == len(self.text) if self.data else self.text.isascii()
 
     def to_byte(self, offset: int) -> int:
         if self.ascii:

@@ -107,24 +107,31 @@ def _line_range(text: str, start: int, end: int, max_lines: int = 12) -> tuple[i
     return line_start, min(line_end, limit - 1)
 
 
-def find_syntax_errors(snapshot: DocumentSnapshot) -> list[SyntaxIssue]:
+def find_syntax_errors(
+    snapshot: DocumentSnapshot, start: int | None = None, end: int | None = None
+) -> list[SyntaxIssue]:
+    """ERROR/MISSING nodes (and Python empty blocks), optionally only those touching `[start, end]`."""
     if snapshot.tree is None:
         return []
+    lo = 0 if start is None else snapshot.to_byte(start)
+    hi = snapshot.tree.root_node.end_byte if end is None else snapshot.to_byte(end)
     issues = []
     for node in error_nodes(snapshot.tree):
-        start, end = snapshot.to_char(node.start_byte), snapshot.to_char(node.end_byte)
+        if node.end_byte < lo or node.start_byte > hi:
+            continue
+        at, until = snapshot.to_char(node.start_byte), snapshot.to_char(node.end_byte)
         if node.is_missing:
             kind, message = "missing", f"missing {node.type!r}"
         else:
-            snippet = snapshot.text[start:end].strip().splitlines()
+            snippet = snapshot.text[at:until].strip().splitlines()
             shown = snippet[0][:40] if snippet else ""
             kind = "error"
             where = node.parent.type if node.parent is not None else "file"
             message = f"syntax error in {where}" + (f": unexpected {shown!r}" if shown else "")
-        repair_start, repair_end = _line_range(snapshot.text, start, end)
-        issues.append(SyntaxIssue(start, end, kind, message, repair_start, repair_end))
+        repair_start, repair_end = _line_range(snapshot.text, at, until)
+        issues.append(SyntaxIssue(at, until, kind, message, repair_start, repair_end))
     if snapshot.language == "python":
-        for node in empty_blocks(snapshot.tree):
+        for node in empty_blocks(snapshot.tree, max(lo - 1, 0), hi + 1):
             at = snapshot.to_char(node.start_byte)
             header = node.parent.type if node.parent is not None else "statement"
             repair_start, repair_end = _line_range(snapshot.text, at - 1 if at else at, at)

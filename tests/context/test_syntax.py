@@ -133,3 +133,13 @@ def test_find_syntax_errors(language, text, kind, needle):
 def test_clean_programs_have_no_issues():
     for language, text in PROGRAMS.items():
         assert find_syntax_errors(parse_snapshot(text, language)) == [], language
+
+
+def test_find_syntax_errors_in_a_range():
+    text = "def a(:\n    pass\n\n\ndef b():\n    return [1,\n\n\ndef c():\n"
+    snap = parse_snapshot(text, "python")
+    everything = find_syntax_errors(snap)
+    second = text.index("def b")
+    local = find_syntax_errors(snap, second, second + 20)
+    assert local and len(local) < len(everything)
+    assert all(i.end >= second and i.start <= second + 20 for i in local)
