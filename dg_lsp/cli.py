@@ -1,0 +1,235 @@
+"""Command line: the language server (default), a one-shot `complete`, `doctor` and `train`."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from dg_lsp import __version__
+
+log = logging.getLogger("dg_lsp")
+
+
+def _setup_logging(level: str, log_file: str | None) -> None:
+    handler: logging.Handler = (
+        logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    if root.level > logging.DEBUG:
+        # pygls logs every message body at INFO: document text does not belong in logs.
+        logging.getLogger("pygls").setLevel(logging.WARNING)
+    # Never download anything at run time; only local directories are loaded.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+def _settings_from_args(args: argparse.Namespace):
+    from dg_lsp.settings import Settings
+
+    overrides = {}
+    for key in ("model", "backend", "device", "quantization", "max_tokens", "denoising_steps", "seed"):
+        value = getattr(args, key, None)
+        if value is not None:
+            overrides[key] = value
+    if getattr(args, "candidates", None) is not None:
+        overrides["num_candidates"] = args.candidates
+    return Settings.from_dict(overrides)
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a flag given before the subcommand must not be reset by the subparser's default.
+    quiet = argparse.SUPPRESS
+    p.add_argument(
+        "--model", default=quiet, help="'embedded' (default), a model directory, or remote:http://host:port"
+    )
+    p.add_argument("--backend", default=quiet, help="auto | diffusion-gemma | masked | ar | remote")
+    p.add_argument("--device", default=quiet, help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--quantization", default=quiet, help="auto | none | int8 | 8bit | nf4")
+    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=quiet)
+    p.add_argument(
+        "--steps", dest="denoising_steps", type=int, default=quiet, help="denoising steps per canvas"
+    )
+    p.add_argument("--seed", type=int, default=quiet)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dg-lsp",
+        description="Language server for code infill with diffusion language models.",
+    )
+    parser.add_argument("--version", action="version", version=f"dg-lsp {__version__}")
+    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-file", help="write logs here instead of stderr")
+    parser.add_argument("--tcp", action="store_true", help="serve over TCP instead of stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="TCP address (loopback unless --allow-remote)")
+    parser.add_argument("--port", type=int, default=2087)
+    parser.add_argument(
+        "--allow-remote", action="store_true", help="allow a non-loopback --host (no authentication!)"
+    )
+    _add_model_flags(parser)
+    sub = parser.add_subparsers(dest="command")
+
+    sub.add_parser("serve", help="run the language server (the default)")
+
+    c = sub.add_parser("complete", help="run the infill pipeline once at a position and print the result")
+    c.add_argument("file", type=Path)
+    c.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
+    c.add_argument("--character", type=int, required=True, help="1-based column of the cursor (code points)")
+    c.add_argument("--end-line", type=int, help="rewrite the span up to this 1-based line")
+    c.add_argument("--end-character", type=int, help="... and this 1-based column")
+    c.add_argument("--language", help="language id (default: from the file extension)")
+    c.add_argument("--candidates", type=int)
+    c.add_argument(
+        "--json", action="store_true", help="print candidates, span kind and engine figures as JSON"
+    )
+    _add_model_flags(c)
+
+    d = sub.add_parser("doctor", help="check torch, device, model and grammars, and say what is wrong")
+    _add_model_flags(d)
+
+    t = sub.add_parser("train", help="train a model: dg-lsp train CONFIG [options]", add_help=False)
+    t.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.log_level, args.log_file)
+    if args.command == "complete":
+        return cmd_complete(args)
+    if args.command == "doctor":
+        return cmd_doctor(args)
+    if args.command == "train":
+        from dg_lsp.training.train import main as train_main
+
+        return train_main(args.rest)
+    return cmd_serve(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dg_lsp.server.app import create_server
+
+    settings = _settings_from_args(args)
+    if args.tcp:
+        if not _is_loopback(args.host):
+            if not args.allow_remote:
+                print(
+                    f"dg-lsp: refusing to listen on non-loopback host {args.host!r}; "
+                    "pass --allow-remote to override (the protocol has no authentication)",
+                    file=sys.stderr,
+                )
+                return 2
+            log.warning("listening on %s: anyone who can reach it can read the documents you send", args.host)
+        server = create_server(settings)
+        server.start_tcp(args.host, args.port)
+        return 0
+    # Keep the protocol stream clean: anything a library prints goes to stderr instead.
+    stdout = sys.stdout.buffer
+    sys.stdout = sys.stderr
+    server = create_server(settings)
+    server.start_io(sys.stdin.buffer, stdout)
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    from dg_lsp import context, pipeline
+    from dg_lsp.engine.loader import ModelLoadError, load_engine
+
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"dg-lsp: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    offset = _offset_1based(text, args.line, args.character)
+    end = None
+    if args.end_line is not None:
+        end = _offset_1based(text, args.end_line, args.end_character or 1)
+    language = context.language_for(args.language, args.file.as_uri()) if args.language else None
+    language = language or context.language_for(None, args.file.resolve().as_uri())
+    settings = _settings_from_args(args)
+    try:
+        engine = load_engine(settings)
+    except ModelLoadError as exc:
+        print(f"dg-lsp: {exc}", file=sys.stderr)
+        return 1
+    trees = context.DocumentTrees()
+    uri = args.file.resolve().as_uri()
+    trees.open(uri, language or args.language, text)
+    snapshot = trees.snapshot(uri)
+    result = pipeline.complete(engine, snapshot, offset, settings, end, doc_key=uri)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "file": str(args.file),
+                    "offset": offset,
+                    "end": result.end,
+                    "language": language,
+                    "span_kind": result.span_kind,
+                    "candidates": result.texts,
+                    "skipped": result.skipped,
+                    "stats": result.stats.as_dict(),
+                    "engine": engine.describe(),
+                },
+                indent=2,
+            )
+        )
+    else:
+        if not result.texts:
+            print(f"(no completion: {result.skipped})", file=sys.stderr)
+        else:
+            print(result.texts[0])
+        s = result.stats
+        print(
+            f"-- {result.span_kind}: {s.generated_tokens} tokens, {s.forward_passes} forward passes, "
+            f"{s.total_ms:.0f} ms ({engine.describe().get('backend')})",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _offset_1based(text: str, line: int, column: int) -> int:
+    lines = text.splitlines(keepends=True)
+    if line < 1:
+        return 0
+    if line > len(lines):
+        return len(text)
+    start = sum(len(x) for x in lines[: line - 1])
+    body = lines[line - 1].rstrip("\r\n")
+    return start + max(0, min(column - 1, len(body)))
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from dg_lsp.doctor import run_doctor
+
+    return run_doctor(_settings_from_args(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

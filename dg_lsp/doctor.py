@@ -1,0 +1,81 @@
+"""`dg-lsp doctor`: what dg-lsp found on this machine, and what is wrong with it."""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+from dg_lsp import __version__
+from dg_lsp.settings import Settings
+
+
+def _line(ok: bool | None, name: str, detail: str) -> None:
+    mark = {True: "ok  ", False: "FAIL", None: "warn"}[ok]
+    print(f"[{mark}] {name:<14} {detail}")
+
+
+def run_doctor(settings: Settings) -> int:
+    problems = 0
+    _line(True, "dg-lsp", f"{__version__} on Python {platform.python_version()} ({sys.executable})")
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        _line(True, "torch", f"{torch.__version__}, {torch.get_num_threads()} threads")
+        gpu = torch.cuda.get_device_name(0) if cuda else "no CUDA device: running on CPU"
+        _line(True if cuda else None, "device", gpu)
+    except Exception as exc:
+        _line(False, "torch", f"not importable: {exc}")
+        problems += 1
+    for mod in ("transformers", "pygls", "tree_sitter"):
+        try:
+            m = __import__(mod)
+            _line(True, mod, getattr(m, "__version__", "installed"))
+        except Exception as exc:
+            _line(False, mod, f"not importable: {exc}")
+            problems += 1
+    if settings.quantization in ("8bit", "nf4"):
+        try:
+            import bitsandbytes  # noqa: F401
+
+            _line(True, "bitsandbytes", "installed")
+        except Exception:
+            _line(
+                False,
+                "bitsandbytes",
+                f"quantization={settings.quantization} needs `pip install dg-lsp[cuda]`",
+            )
+            problems += 1
+
+    from dg_lsp import context
+
+    for lang in sorted(context.SUPPORTED):
+        try:
+            context.DocumentTrees().open("file:///doctor", lang, "x\n")
+            _line(True, f"grammar {lang}", "parses")
+        except Exception as exc:
+            _line(False, f"grammar {lang}", str(exc))
+            problems += 1
+
+    from dg_lsp.engine.loader import ModelLoadError, load_engine, resolve_model_dir
+
+    try:
+        _line(True, "model dir", str(resolve_model_dir(settings.model)))
+        t0 = time.perf_counter()
+        engine = load_engine(settings)
+        load_ms = (time.perf_counter() - t0) * 1000
+        facts = ", ".join(f"{k}={v}" for k, v in engine.describe().items())
+        _line(True, "model", f"loaded in {load_ms:.0f} ms: {facts}")
+        from dg_lsp.engine.types import InfillRequest
+
+        result = engine.infill(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=8))
+        _line(True, "infill", f"{result.best!r} ({result.stats.as_dict()})")
+    except ModelLoadError as exc:
+        _line(False, "model", str(exc))
+        problems += 1
+    except Exception as exc:
+        _line(False, "infill", f"{type(exc).__name__}: {exc}")
+        problems += 1
+    print("no problems found" if not problems else f"{problems} problem(s) found")
+    return 1 if problems else 0

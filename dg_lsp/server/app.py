@@ -1,0 +1,369 @@
+"""The pygls language server: protocol only.
+
+Handlers translate LSP positions to text offsets, ask the worker for a `pipeline.complete` run and
+translate the answer back. Everything slow runs on the model worker; everything here is cheap, so
+the event loop keeps answering (cancels, document changes, stale requests) while the model works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from lsprotocol import types
+from pygls.lsp.server import LanguageServer
+
+from dg_lsp import __version__, pipeline
+from dg_lsp.engine.loader import load_engine
+from dg_lsp.engine.types import Cancelled
+from dg_lsp.server import actions
+from dg_lsp.server.documents import DocumentStore
+from dg_lsp.server.worker import ModelWorker, NotReady
+from dg_lsp.settings import Settings
+
+log = logging.getLogger(__name__)
+
+APPLY_ACTION_COMMAND = "dg-lsp.applyAction"
+
+
+class DgLanguageServer(LanguageServer):
+    def __init__(self, settings: Settings | None = None) -> None:
+        super().__init__("dg-lsp", __version__)
+        self.settings = settings or Settings()
+        self.docs = DocumentStore()
+        self.worker = ModelWorker()
+        self._told: set[str] = set()
+        self._loaded_settings: Settings | None = None
+        self._load_task: asyncio.Task | None = None
+
+    # -- user messages ---------------------------------------------------------------------------
+
+    def tell_once(self, key: str, message: str, kind: types.MessageType = types.MessageType.Error) -> None:
+        """Show a message at most once per key: a broken model must not spam every keystroke."""
+        log.log(logging.ERROR if kind == types.MessageType.Error else logging.WARNING, "%s", message)
+        if key in self._told:
+            return
+        self._told.add(key)
+        try:
+            self.window_show_message(types.ShowMessageParams(type=kind, message=f"dg-lsp: {message}"))
+        except Exception:  # no client connected (tests, shutdown): the log line above is enough
+            log.debug("could not send showMessage", exc_info=True)
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        log.error("internal error (%s): %s", getattr(source, "__name__", source), error)
+        self.tell_once(f"internal:{type(error).__name__}", f"internal error, see the log: {error}")
+
+    # -- settings and model loading --------------------------------------------------------------
+
+    def apply_settings(self, data: Any) -> None:
+        if data is None:
+            return
+        if not isinstance(data, dict):
+            self.tell_once("settings-type", f"ignoring settings that are not an object: {data!r}")
+            return
+        try:
+            self.settings = Settings.from_dict(data, self.settings)
+        except ValueError as exc:
+            self.tell_once(f"settings:{exc}", f"invalid setting ignored: {exc}")
+
+    def start_loading(self) -> None:
+        settings = self.settings
+        self._loaded_settings = settings
+        loop = asyncio.get_running_loop()
+        token = f"dg-lsp-load-{uuid.uuid4().hex[:8]}"
+        progress = self._progress_supported()
+
+        def finish(error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(self._load_finished, token, progress, settings, error)
+
+        async def begin_then_load() -> None:
+            # `begin` must reach the client before the worker can possibly send `end`.
+            if progress:
+                try:
+                    await self.work_done_progress.create_async(token)
+                    self.work_done_progress.begin(
+                        token,
+                        types.WorkDoneProgressBegin(
+                            title="dg-lsp: loading model", message=settings.model, cancellable=False
+                        ),
+                    )
+                except Exception:
+                    log.debug("client refused progress token", exc_info=True)
+            self.worker.load(lambda: load_engine(settings), finish)
+
+        self._load_task = loop.create_task(begin_then_load())
+
+    def _load_finished(
+        self, token: str, progress: bool, settings: Settings, error: BaseException | None
+    ) -> None:
+        message = "ready" if error is None else f"failed: {error}"
+        if progress:
+            try:
+                self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
+            except Exception:
+                log.debug("progress end failed", exc_info=True)
+        if error is not None:
+            self.tell_once(
+                f"load:{settings.model}:{error}", f"could not load model {settings.model!r}: {error}"
+            )
+        else:
+            engine = self.worker.engine
+            log.info("model ready: %s", engine.describe() if engine else "?")
+
+    def _progress_supported(self) -> bool:
+        caps = self.client_capabilities
+        return bool(caps and caps.window and caps.window.work_done_progress)
+
+    # -- the shared request path -----------------------------------------------------------------
+
+    async def infill(
+        self, uri: str, start: int, end: int | None, version: int, key: str, debounce: bool
+    ) -> pipeline.Completion | None:
+        """Run the pipeline on the worker; None means 'answer empty' (stale, superseded, not ready)."""
+        if debounce and self.settings.debounce_ms:
+            await asyncio.sleep(self.settings.debounce_ms / 1000)
+            if self.docs.version(uri) != version:
+                return None
+        snapshot = self.docs.snapshot(uri)
+        if snapshot is None:
+            return None
+        settings = self.settings
+        try:
+            job = self.worker.submit(
+                key,
+                lambda engine, should_cancel: pipeline.complete(
+                    engine, snapshot, start, settings, end, should_cancel, doc_key=uri
+                ),
+            )
+        except NotReady as exc:
+            log.debug("answering empty: %s", exc)  # a load failure was already shown once
+            return None
+        try:
+            result = await asyncio.wrap_future(job.future)
+        except asyncio.CancelledError:
+            job.cancel()
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the client cancelled: pygls answers RequestCancelled
+            return None  # superseded by a newer request for the same document
+        except Cancelled:
+            return None
+        except NotReady:
+            return None
+        except Exception as exc:
+            self.tell_once(f"infer:{type(exc).__name__}", f"completion failed: {type(exc).__name__}: {exc}")
+            return None
+        if self.docs.version(uri) != version:
+            return None
+        log.info(
+            "%s %s span=%s %s",
+            key,
+            "ok" if result.texts else f"empty ({result.skipped})",
+            result.span_kind,
+            result.stats.as_dict(),
+        )
+        return result
+
+
+def create_server(settings: Settings | None = None) -> DgLanguageServer:
+    ls = DgLanguageServer(settings)
+
+    @ls.feature(types.INITIALIZE)
+    def initialize(ls: DgLanguageServer, params: types.InitializeParams) -> None:
+        ls.apply_settings(params.initialization_options)
+
+    @ls.feature(types.INITIALIZED)
+    def initialized(ls: DgLanguageServer, params: types.InitializedParams) -> None:
+        ls.start_loading()
+
+    @ls.feature(types.SHUTDOWN)
+    def shutdown(ls: DgLanguageServer, params: Any) -> None:
+        ls.worker.stop()
+
+    @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(ls: DgLanguageServer, params: types.DidChangeConfigurationParams) -> None:
+        ls.apply_settings(params.settings)
+        if ls._loaded_settings is not None and ls.settings.needs_reload(ls._loaded_settings):
+            ls.start_loading()
+
+    # -- text synchronisation --------------------------------------------------------------------
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DgLanguageServer, params: types.DidOpenTextDocumentParams) -> None:
+        doc = params.text_document
+        ls.docs.open(doc.uri, doc.language_id, doc.version, doc.text)
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DgLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
+        uri = params.text_document.uri
+        text = ls.workspace.get_text_document(uri).source  # pygls applied the incremental changes
+        ls.docs.change(uri, params.text_document.version, text)
+        ls.worker.cancel_key(uri)  # whatever it was computing is for text that no longer exists
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DgLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.worker.cancel_key(params.text_document.uri)
+        ls.docs.close(params.text_document.uri)
+
+    # -- completions -----------------------------------------------------------------------------
+
+    def _offset(uri: str, position: types.Position) -> int | None:
+        doc = ls.docs.get(uri)
+        if doc is None:
+            return None
+        return doc.offset_at(position)
+
+    def _enabled(uri: str) -> bool:
+        doc = ls.docs.get(uri)
+        return doc is not None and ls.settings.language_enabled(doc.language_id)
+
+    @ls.feature(
+        types.TEXT_DOCUMENT_INLINE_COMPLETION,
+        types.InlineCompletionOptions(),
+    )
+    async def inline_completion(
+        ls: DgLanguageServer, params: types.InlineCompletionParams
+    ) -> types.InlineCompletionList | None:
+        uri = params.text_document.uri
+        if not _enabled(uri):
+            return types.InlineCompletionList(items=[])
+        offset = _offset(uri, params.position)
+        if offset is None:
+            return types.InlineCompletionList(items=[])
+        version = ls.docs.version(uri)
+        automatic = params.context.trigger_kind == types.InlineCompletionTriggerKind.Automatic
+        result = await ls.infill(uri, offset, None, version, uri, debounce=automatic)
+        if result is None or not result.texts:
+            return types.InlineCompletionList(items=[])
+        cursor = types.Range(start=params.position, end=params.position)
+        return types.InlineCompletionList(
+            items=[types.InlineCompletionItem(insert_text=text, range=cursor) for text in result.texts]
+        )
+
+    @ls.feature(
+        types.TEXT_DOCUMENT_COMPLETION,
+        types.CompletionOptions(trigger_characters=[".", "(", "[", "{", ",", " ", "=", ":"]),
+    )
+    async def completion(ls: DgLanguageServer, params: types.CompletionParams) -> types.CompletionList:
+        uri = params.text_document.uri
+        empty = types.CompletionList(is_incomplete=True, items=[])
+        if not _enabled(uri):
+            return empty
+        offset = _offset(uri, params.position)
+        if offset is None:
+            return empty
+        version = ls.docs.version(uri)
+        result = await ls.infill(uri, offset, None, version, uri, debounce=False)
+        if result is None or not result.texts:
+            return empty
+        cursor = types.Range(start=params.position, end=params.position)
+        items = []
+        for rank, text in enumerate(result.texts):
+            label = text.strip().splitlines()[0] if text.strip() else text
+            items.append(
+                types.CompletionItem(
+                    label=label[:80] or "(whitespace)",
+                    kind=types.CompletionItemKind.Snippet,
+                    detail="dg-lsp infill",
+                    documentation=types.MarkupContent(
+                        kind=types.MarkupKind.Markdown, value=f"```\n{text}\n```"
+                    ),
+                    insert_text_format=types.InsertTextFormat.PlainText,
+                    text_edit=types.TextEdit(range=cursor, new_text=text),
+                    filter_text="",
+                    sort_text=f"{rank:04d}",
+                    preselect=rank == 0,
+                )
+            )
+        return types.CompletionList(is_incomplete=True, items=items)
+
+    # -- code actions ----------------------------------------------------------------------------
+
+    @ls.feature(
+        types.TEXT_DOCUMENT_CODE_ACTION,
+        types.CodeActionOptions(
+            code_action_kinds=[types.CodeActionKind.QuickFix, types.CodeActionKind.RefactorRewrite],
+            resolve_provider=True,
+        ),
+    )
+    def code_action(ls: DgLanguageServer, params: types.CodeActionParams) -> list[types.CodeAction]:
+        uri = params.text_document.uri
+        doc = ls.docs.get(uri)
+        if doc is None or not ls.settings.language_enabled(doc.language_id):
+            return []
+        start = doc.offset_at(params.range.start)
+        end = doc.offset_at(params.range.end)
+        snapshot = ls.docs.snapshot(uri)
+        if snapshot is None:
+            return []
+        found = actions.available(snapshot, start, end)
+        resolve = _client_resolves_edits(ls)
+        out = []
+        for spec in found:
+            data = spec.to_data(uri, doc.version)
+            action = types.CodeAction(title=spec.title, kind=spec.kind, data=data)
+            if not resolve:
+                action.command = types.Command(
+                    title=spec.title, command=APPLY_ACTION_COMMAND, arguments=[data]
+                )
+            out.append(action)
+        return out
+
+    async def _action_edit(ls: DgLanguageServer, data: Any) -> types.WorkspaceEdit | None:
+        spec = actions.ActionSpec.from_data(data)
+        if spec is None:
+            return None
+        doc = ls.docs.get(spec.uri)
+        if doc is None or doc.version != spec.version:
+            return None  # stale: the document changed since the action was offered
+        result = await ls.infill(spec.uri, spec.start, spec.end, spec.version, f"{spec.uri}#action", False)
+        if result is None or not result.texts:
+            return None
+        new_text = actions.finish_text(spec, result.texts[0])
+        edit_range = types.Range(start=doc.position_at(spec.start), end=doc.position_at(spec.end))
+        return types.WorkspaceEdit(
+            document_changes=[
+                types.TextDocumentEdit(
+                    text_document=types.OptionalVersionedTextDocumentIdentifier(
+                        uri=spec.uri, version=spec.version
+                    ),
+                    edits=[types.TextEdit(range=edit_range, new_text=new_text)],
+                )
+            ]
+        )
+
+    @ls.feature(types.CODE_ACTION_RESOLVE)
+    async def code_action_resolve(ls: DgLanguageServer, action: types.CodeAction) -> types.CodeAction:
+        edit = await _action_edit(ls, action.data)
+        if edit is not None:
+            action.edit = edit
+        return action
+
+    @ls.command(APPLY_ACTION_COMMAND)
+    async def apply_action(ls: DgLanguageServer, *args: Any) -> dict[str, Any]:
+        data = args[0] if args else None
+        if isinstance(data, list) and data:  # pygls may pass the arguments list as one value
+            data = data[0]
+        edit = await _action_edit(ls, data)
+        if edit is None:
+            return {"applied": False, "reason": "no infill (stale document, model not ready or no candidate)"}
+        response = await ls.workspace_apply_edit_async(
+            types.ApplyWorkspaceEditParams(edit=edit, label="dg-lsp")
+        )
+        return {"applied": bool(response and response.applied)}
+
+    return ls
+
+
+def _client_resolves_edits(ls: DgLanguageServer) -> bool:
+    caps = ls.client_capabilities
+    try:
+        props = caps.text_document.code_action.resolve_support.properties  # type: ignore[union-attr]
+    except AttributeError:
+        return False
+    return "edit" in (props or [])
+
+
+__all__ = ["APPLY_ACTION_COMMAND", "DgLanguageServer", "create_server"]
