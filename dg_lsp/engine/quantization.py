@@ -20,15 +20,15 @@ log = logging.getLogger(__name__)
 
 KINDS = ("auto", "none", "int8", "8bit", "nf4")
 
-# Kept in full precision: tiny, numerically sensitive, or tied to the embedding.
+# Kept in full precision: tiny, numerically sensitive, or tied to the embedding. Patterns follow
+# transformers' `should_convert_module` (anchored regex at a module boundary, or a name suffix).
 DIFFUSION_GEMMA_SKIP = [
     "lm_head",
-    "embed_tokens",
-    "self_conditioning",
-    "router",
-    "vision_tower",
-    "embed_vision",
-    "multi_modal_projector",
+    r".*\.embed_tokens",
+    r".*\.self_conditioning",
+    r".*\.router",
+    r".*\.vision_tower",
+    r".*\.embed_vision",
 ]
 
 
@@ -72,8 +72,8 @@ def linear_targets(model: nn.Module, skip: list[str] | None = None) -> list[str]
 
 
 def expert_parameters(model: nn.Module) -> list[str]:
-    """Names of 3-D parameters (MoE expert banks) that no Linear-based quantizer touches."""
-    return [n for n, p in model.named_parameters(remove_duplicate=False) if p.ndim == 3]
+    """Names of 3-D MoE expert banks (encoder and decoder copies) that no Linear-based quantizer touches."""
+    return [n for n, p in model.named_parameters(remove_duplicate=False) if p.ndim == 3 and ".experts." in n]
 
 
 # -- expert banks ---------------------------------------------------------------------------------
@@ -95,26 +95,25 @@ class Int8Bank(nn.Module):
 
 
 class Nf4Bank(nn.Module):
-    """NF4 (bitsandbytes) per expert; CUDA only."""
+    """NF4 (bitsandbytes) per expert, quantized straight onto `device`; CUDA only, untested without a GPU."""
 
     def __init__(self, weight: torch.Tensor, device: torch.device):
         super().__init__()
         import bitsandbytes.functional as bnbf
 
         self.dtype = weight.dtype
-        self.packed = []
         self.states = []
         for i in range(weight.shape[0]):
-            q, state = bnbf.quantize_4bit(weight[i].to(device), quant_type="nf4", compress_statistics=True)
-            self.packed.append(q)
+            packed, state = bnbf.quantize_4bit(
+                weight[i].to(device), quant_type="nf4", compress_statistics=True
+            )
+            self.register_buffer(f"packed_{i}", packed)
             self.states.append(state)
-        for i, q in enumerate(self.packed):
-            self.register_buffer(f"packed_{i}", q)
 
     def expert(self, i: int) -> torch.Tensor:
         import bitsandbytes.functional as bnbf
 
-        return bnbf.dequantize_4bit(self.packed[i], self.states[i]).to(self.dtype)
+        return bnbf.dequantize_4bit(getattr(self, f"packed_{i}"), self.states[i]).to(self.dtype)
 
 
 class QuantizedExperts(nn.Module):
@@ -159,23 +158,36 @@ def quantize_experts_(model: nn.Module, bank_factory) -> int:
     return count
 
 
-def quantize_linears_int8_(model: nn.Module, skip: list[str] | None = None) -> int:
-    """CPU int8: dynamic int8 matmuls for `nn.Linear` via torch.ao (weights int8, activations per batch)."""
-    from torch.ao.quantization import quantize_dynamic
+class Int8Linear(nn.Module):
+    """Weight-only int8 linear (per output row absmax), dequantized on the fly.
 
+    Our own rather than `torch.ao.quantization.quantize_dynamic`, whose quantized tensors torch 2.13
+    deprecates; this one is plain tensors, so it survives torch upgrades and `state_dict` round trips.
+    """
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.bank = Int8Bank(linear.weight.detach()[None])
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.bank.expert(0).to(x.dtype), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+def quantize_linears_int8_(model: nn.Module, skip: list[str] | None = None) -> int:
+    """Swap every targeted `nn.Linear` for `Int8Linear`; tied encoder/decoder linears share one module."""
     targets = set(linear_targets(model, skip))
-    if not targets:
-        return 0
-    # quantize_dynamic swaps in place and ties nothing, so tied encoder/decoder linears are swapped once
-    # and then re-pointed to the same quantized module.
     swapped: dict[int, nn.Module] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if name not in targets:
             continue
         key = id(module.weight)
         if key not in swapped:
-            holder = nn.Sequential(module)
-            swapped[key] = quantize_dynamic(holder, {nn.Linear}, dtype=torch.qint8)[0]
+            swapped[key] = Int8Linear(module)
         model.set_submodule(name, swapped[key])
     return len(swapped)
 
@@ -187,7 +199,7 @@ def quantize_cpu_int8_(model: nn.Module, skip: list[str] | None = None) -> dict[
 
 
 def module_bytes(model: nn.Module) -> int:
-    """Bytes held by unique parameters and buffers, including packed quantized weights."""
+    """Bytes held by unique parameters and buffers (tied weights and shared quantized banks count once)."""
     seen: set[int] = set()
     total = 0
     for t in list(model.parameters()) + list(model.buffers()):
@@ -195,16 +207,6 @@ def module_bytes(model: nn.Module) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    for m in model.modules():
-        packed = getattr(m, "_packed_params", None)
-        if packed is not None:
-            try:
-                w, _ = packed._weight_bias()
-                if w.data_ptr() not in seen:
-                    seen.add(w.data_ptr())
-                    total += w.numel() * w.element_size()
-            except Exception:
-                pass
     return total
 
 
