@@ -58,6 +58,16 @@ def real_sources() -> list[tuple[str, str, str]]:
             if text.count("\n") >= LINES:
                 cut = _cut(text, LINES)
                 found.append((f"{path.name} ({language}, {cut.count(chr(10)):,} lines)", language, cut))
+    if found and found[0][1] == "python":
+        # the same code with non-ASCII comments, where str and byte offsets differ
+        out: list[str] = []
+        for i, line in enumerate(found[0][2].split("\n")):
+            if i % 20 == 0 and line.strip() and not (out and out[-1].endswith("\\")):
+                out.append(line[: len(line) - len(line.lstrip())] + "# café ✓ ünïcödé")
+            out.append(line)
+        text = "\n".join(out)
+        label = f"{candidates[0][1].name} (python + non-ASCII comments, {text.count(chr(10)):,} lines)"
+        found.append((label, "python", text))
     return found
 
 

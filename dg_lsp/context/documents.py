@@ -7,6 +7,7 @@ keep reading an old snapshot while the server moves on.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import tree_sitter
 
 from dg_lsp.context.languages import language_for, parser
 
+_CHUNK = 2048
 MAX_PARSE_CHARS = 1_000_000
 """Documents above this size are served with plain text windows: parsing them would stall typing."""
 
@@ -34,15 +36,26 @@ class DocumentSnapshot:
         """Byte offsets equal str offsets (the common case, which skips every conversion)."""
         return len(self.data) == len(self.text) if self.data else self.text.isascii()
 
+    @functools.cached_property
+    def _chunk_bytes(self) -> list[int]:
+        """UTF-8 byte offset of every `_CHUNK`-th code point, so conversions touch one chunk only."""
+        out = [0]
+        for i in range(_CHUNK, len(self.text), _CHUNK):
+            out.append(out[-1] + len(self.text[i - _CHUNK:i].encode("utf-8")))
+        return out
+
     def to_byte(self, offset: int) -> int:
         if self.ascii:
             return offset
-        return len(self.text[:offset].encode("utf-8"))
+        k = min(offset // _CHUNK, len(self._chunk_bytes) - 1)
+        return self._chunk_bytes[k] + len(self.text[k * _CHUNK:offset].encode("utf-8"))
 
     def to_char(self, byte: int) -> int:
         if self.ascii:
             return byte
-        return len(self.data[:byte].decode("utf-8", errors="replace"))
+        k = bisect.bisect_right(self._chunk_bytes, byte) - 1
+        data = self.data or self.text.encode("utf-8")
+        return k * _CHUNK + len(data[self._chunk_bytes[k]:byte].decode("utf-8", errors="replace"))
 
 
 def parse_snapshot(text: str, language: str | None, version: int = 0) -> DocumentSnapshot:

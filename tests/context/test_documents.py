@@ -138,8 +138,11 @@ def test_huge_documents_and_plain_text_have_no_tree():
     assert trees.snapshot("file:///notes.txt").tree is None
 
 
-def test_non_ascii_offsets_are_code_points():
-    text = "s = 'héllo wörld 😀'\nt = 1\n"
+@settings(max_examples=30, deadline=None)
+@given(st.text(st.sampled_from(["a", "é", "😀", "\n", "中", " "]), max_size=4500), st.data())
+def test_non_ascii_offsets_are_code_points(text, data):
     snap = parse_snapshot(text, "python")
-    assert snap.to_char(snap.to_byte(text.index("t = 1"))) == text.index("t = 1")
+    offset = data.draw(st.integers(0, len(text)))
+    byte = len(text[:offset].encode())
+    assert snap.to_byte(offset) == byte and snap.to_char(byte) == offset
     assert snap.to_byte(len(text)) == len(text.encode())
