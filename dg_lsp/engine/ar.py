@@ -1,35 +1,22 @@
 """Autoregressive baseline (the AR twin): PSM prompt, greedy decoding until EOS, one forward per token.
 
-The per-document KV cache keeps the prompt's KV; the next request crops it to the longest common
-token prefix and prefills only the rest (exact for causal models).
+The per-document KV cache keeps the prompt's KV (full length, sliding layers included); the next
+request restores its longest common token prefix and prefills only the rest (exact for causal models).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from dg_lsp.engine.base import LocalEngine, budget_prompt
 from dg_lsp.engine.cache import LRU, common_prefix_len
+from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
 from dg_lsp.engine.sampler import mean_logprob
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import tokens
-
-
-@dataclass
-class PromptKV:
-    ids: list[int]
-    cache: object  # transformers Cache holding exactly len(ids) positions
-
-
-def _crop_to(cache, length: int) -> None:
-    """Keep the first `length` positions (transformers' `crop` takes a negative count to remove)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
 
 
 class AutoregressiveEngine(LocalEngine):
@@ -68,7 +55,7 @@ class AutoregressiveEngine(LocalEngine):
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.stop_ids = eos
-        self.prompt_cache: LRU[PromptKV] = LRU(8)
+        self.prompt_cache: LRU[KVSnapshot] = LRU(8)
 
     def describe(self) -> dict[str, str]:
         params = sum(p.numel() for p in self.model.parameters())
@@ -96,28 +83,17 @@ class AutoregressiveEngine(LocalEngine):
         return tokens.fim_prompt_ids(pre, suf)
 
     def _prefill(self, ids: list[int], doc_key: str | None, stats: InfillStats):
-        from transformers import DynamicCache
-
         previous = self.prompt_cache.get(doc_key) if self.use_prompt_cache else None
-        self.prompt_cache.pop(doc_key)  # we mutate it; a cancelled request must not leave a stale entry
-        keep = 0
-        cache = None
-        if previous is not None:
-            keep = min(common_prefix_len(previous.ids, ids), len(ids) - 1)
-            if keep > 0:
-                try:
-                    cache = previous.cache
-                    _crop_to(cache, keep)
-                except (RuntimeError, ValueError):  # e.g. a sliding-window layer past its window
-                    cache = None
-        if cache is None:
-            cache = DynamicCache(config=self.model.config)
-            keep = 0
+        keep = min(common_prefix_len(previous.ids, ids), len(ids) - 1) if previous is not None else 0
+        cache = restore(self.model.config, previous, keep)
         inp = torch.tensor([ids[keep:]], device=self.device)
-        out = self.model(input_ids=inp, past_key_values=cache, use_cache=True)
+        pos = torch.arange(keep, len(ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
         stats.reused_prompt_tokens = keep
         stats.encoder_passes += 1
-        return out.logits[:, -1, :], out.past_key_values
+        if self.use_prompt_cache and doc_key is not None:
+            self.prompt_cache.put(doc_key, snapshot(cache, ids))  # the prompt only, before our guesses
+        return out.logits[:, -1, :], cache
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         ids = self.prompt_ids(request)
@@ -143,9 +119,6 @@ class AutoregressiveEngine(LocalEngine):
                 out = self.model(input_ids=torch.tensor([[tok]], device=self.device), past_key_values=cache)
                 stats.forward_passes += 1
                 logits, cache = out.logits[:, -1, :], out.past_key_values
-            if self.use_prompt_cache and request.doc_key is not None:
-                _crop_to(cache, len(ids))  # keep the prompt only: the next prompt shares it, not our guess
-                self.prompt_cache.put(request.doc_key, PromptKV(ids, cache))
         stats.generated_tokens = len(new)
         score = mean_logprob(torch.stack(picked_logits), torch.tensor(new)) if new else 0.0
         text = self.tokenizer.decode(new, skip_special_tokens=True)

@@ -24,6 +24,7 @@ import torch
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt
 from dg_lsp.engine.cache import LRU, common_prefix_len
+from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import tokens
 
@@ -66,13 +67,7 @@ class DenoiseConfig:
         )
 
 
-@dataclass
-class EncoderState:
-    """Full-length encoder keys/values per layer for `ids` (batch 1), sliding layers included."""
-
-    ids: list[int]
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+EncoderState = KVSnapshot  # full-length encoder keys/values for the prompt ids
 
 
 def uses_fim_tokens(tokenizer) -> bool:
@@ -189,41 +184,19 @@ class DiffusionGemmaEngine(LocalEngine):
         pre, suf = budget_prompt(pre, suf, self.max_prompt_tokens)
         return tokens.fim_prompt_ids(pre, suf)
 
-    def _new_cache(self, record: bool):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.text_config)
-        if record:
-            for layer in cache.layers:
-                if getattr(layer, "is_sliding", False):
-                    layer.activate_past_recording()  # keep full history so the state can be cropped later
-        return cache
-
     def encode(self, ids: list[int], previous: EncoderState | None) -> tuple[EncoderState, int]:
         """Encode `ids` reusing the KV of the longest common prefix with `previous`; (state, reused)."""
         keep = common_prefix_len(previous.ids, ids) if previous is not None else 0
         keep = min(keep, len(ids) - 1)  # the encoder must see at least one token
-        cache = self._new_cache(record=True)
-        if keep > 0:
-            for i, layer in enumerate(cache.layers):
-                layer.update(previous.keys[i][:, :, :keep], previous.values[i][:, :, :keep])
+        cache = restore(self.text_config, previous, keep)
         new = torch.tensor([ids[keep:]], device=self.device)
         pos = torch.arange(keep, len(ids), device=self.device).unsqueeze(0)
         self.model.model.encoder(input_ids=new, past_key_values=cache, position_ids=pos)
-        state = EncoderState(
-            ids=list(ids),
-            keys=[layer.keys for layer in cache.layers],
-            values=[layer.values for layer in cache.layers],
-        )
-        return state, keep
+        return snapshot(cache, ids), keep
 
     def _decoder_cache(self, state: EncoderState, batch: int):
         """Read-only cache for the decoder: sliding layers trimmed to their window, like `generate` does."""
-        cache = self._new_cache(record=False)
-        for i, layer in enumerate(cache.layers):
-            k, v = state.keys[i], state.values[i]
-            layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-        return cache
+        return restore(self.text_config, state, len(state.ids), batch=batch, record=False)
 
     # -- denoising ---------------------------------------------------------------------------------
 

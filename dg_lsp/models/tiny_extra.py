@@ -12,29 +12,40 @@ from dg_lsp.models import tokens
 from dg_lsp.models.tiny import _SAMPLE_CODE, build_tokenizer
 
 
-def make_tiny_causal_lm(path: str | Path, seed: int = 0) -> Path:
-    """A 2-layer `LlamaForCausalLM` (the AR twin's shape, at test size)."""
+def make_tiny_causal_lm(path: str | Path, seed: int = 0, sliding_window: int = 16) -> Path:
+    """A 2-layer `Gemma4ForCausalLM`, the AR twin's class, with a sliding window small enough that test
+    prompts outgrow it (the case where naive KV-cache cropping breaks)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer([_SAMPLE_CODE] * 4)
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = Gemma4TextConfig(
         vocab_size=len(tokenizer),
+        vocab_size_per_layer_input=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=2048,
+        head_dim=32,
+        global_head_dim=32,
+        hidden_size_per_layer_input=0,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=64,
+        sliding_window=sliding_window,
+        layer_types=["sliding_attention", "full_attention"],
+        final_logit_softcapping=30.0,
+        max_position_embeddings=4096,
         pad_token_id=tokens.PAD_ID,
         eos_token_id=tokens.EOS_ID,
         bos_token_id=tokens.BOS_ID,
-        tie_word_embeddings=True,
     )
-    LlamaForCausalLM(config).eval().save_pretrained(path)
+    Gemma4ForCausalLM(config).eval().save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -36,6 +36,10 @@ def test_greedy_matches_transformers_generate(ar_engine):
     assert result.stats.tokens_per_forward == 1.0
 
 
+def test_prompts_outgrow_the_sliding_window(ar_engine):
+    assert len(ar_engine.prompt_ids(InfillRequest(PREFIX, SUFFIX))) > ar_engine.model.config.sliding_window
+
+
 def test_kv_reuse_is_identical(ar_engine):
     ar_engine.use_continuation_cache = False
     first = InfillRequest(PREFIX, SUFFIX, max_tokens=10, doc_key="a")

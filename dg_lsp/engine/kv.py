@@ -1,0 +1,55 @@
+"""Full-length KV snapshots that survive sliding-window layers.
+
+transformers' `DynamicSlidingWindowLayer` forgets everything older than its window, so a cache cannot
+be cropped back to an arbitrary common prefix once it has grown past it. We record full history
+(`activate_past_recording`) while a prompt is encoded, keep plain per-layer tensors, and rebuild a
+cache from them for each request: exact reuse for any prefix length, whatever the layer types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVSnapshot:
+    """Per-layer keys/values (batch 1, all positions) for the token ids `ids`."""
+
+    ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+def new_cache(config, record: bool = True):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if record:
+        for layer in cache.layers:
+            if getattr(layer, "is_sliding", False):
+                layer.activate_past_recording()
+    return cache
+
+
+def restore(config, snap: KVSnapshot | None, keep: int, batch: int = 1, record: bool = True):
+    """A cache holding the first `keep` positions of `snap`; sliding layers trim to their window when
+    `record` is False (what a read-only consumer such as DiffusionGemma's decoder expects)."""
+    cache = new_cache(config, record=record)
+    if snap is not None and keep > 0:
+        for i, layer in enumerate(cache.layers):
+            k = snap.keys[i][:, :, :keep]
+            v = snap.values[i][:, :, :keep]
+            layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+    return cache
+
+
+def snapshot(cache, ids: list[int]) -> KVSnapshot:
+    """Full keys/values of a recording cache, cut to `len(ids)` positions."""
+    n = len(ids)
+    return KVSnapshot(
+        ids=list(ids),
+        keys=[layer.keys[:, :, :n] for layer in cache.layers],
+        values=[layer.values[:, :, :n] for layer in cache.layers],
+    )
