@@ -79,8 +79,10 @@ _INDENTS = re.compile(r"^([ \t]+)\S", re.MULTILINE)
 
 
 def indent_unit(text: str, offset: int, language: str | None, window: int = 6000) -> str:
-    """The document's indentation step, read from the text just before the cursor."""
+    """The document's indentation step, read from the text just before (else after) the cursor."""
     indents = _INDENTS.findall(text, max(offset - window, 0), offset)
+    if not indents:
+        indents = _INDENTS.findall(text, offset, offset + window)
     if any(ws.startswith("\t") for ws in indents):
         return "\t"
     step = functools.reduce(math.gcd, {len(ws) for ws in indents}, 0)
@@ -114,11 +116,21 @@ def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
         return before
     if line.strip():
         return own
+    # a blank line with the cursor at column 0: deeper only where code must go (after an opener, or
+    # in an empty function body); otherwise the column the user chose is the intent
     prev = _prev_code_line(text, line_start)
     prev_indent = _leading_ws(prev)
     if _OPENS_BLOCK.search(prev):
         return prev_indent + unit
-    return prev_indent
+    return prev_indent if span.name == "function_body" else ""
+
+
+def replaced_indent(text: str, start: int, end: int) -> str:
+    """Indentation of the least indented line of a replaced range (the block a rewrite must keep)."""
+    line_start = text.rfind("\n", 0, start) + 1
+    lines = text[line_start:end].split("\n")
+    leads = [_leading_ws(ln) for ln in lines if ln.strip()]
+    return min(leads, key=len) if leads else _leading_ws(text[line_start:start])
 
 
 def build_context(
@@ -151,7 +163,10 @@ def build_context(
     else:
         span = dataclasses.replace(span, max_tokens=min(span.max_tokens, max_tokens))
     unit = indent_unit(text, offset, snap.language)
-    indent = block_indent(text, offset, span, unit)
+    if end > offset:
+        indent = replaced_indent(text, offset, end)
+    else:
+        indent = block_indent(text, offset, span, unit)
 
     win = build_windows(snap, offset, end, max_prefix_tokens, max_suffix_tokens)
     prefix = win.prefix

@@ -15,6 +15,7 @@ from dg_lsp.context.languages import INDENT_BLOCKS
 
 TAB_WIDTH = 4
 _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
+_CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _TAIL_PUNCT = set(")]}\"'`;:,")
 
@@ -64,7 +65,8 @@ def reindent(text: str, ctx: InfillContext) -> str:
     """
     lines = text.split("\n")
     target = _ws_width(ctx.indent)
-    rest = [_ws_width(_lead(ln)) for ln in lines[1:] if ln.strip()]
+    # closing lines (`}`, `end`, `fi`) sit at the outer level: they do not tell where the block is
+    rest = [_ws_width(_lead(ln)) for ln in lines[1:] if ln.strip() and not _CLOSING_LINE.match(ln)]
     delta = 0
     if ctx.line_prefix and not ctx.line_prefix.strip():
         lines[0] = lines[0].lstrip(" \t")  # the cursor already sits at the indentation

@@ -66,22 +66,46 @@ def _block_query() -> tree_sitter.Query:
     return tree_sitter.Query(grammar("python"), "(block) @b")
 
 
-def empty_blocks(
-    tree: tree_sitter.Tree, start_byte: int = 0, end_byte: int | None = None
-) -> list[tree_sitter.Node]:
-    """Python blocks with no statements: tree-sitter accepts them, Python does not."""
+def indentation_issues(
+    snapshot: DocumentSnapshot, start_byte: int = 0, end_byte: int | None = None
+) -> list[tuple[tree_sitter.Node, str]]:
+    """Python blocks that are empty, or whose statements start at different columns.
+
+    tree-sitter-python accepts both (it has no IndentationError), but Python does not, and both are
+    typical of a wrongly indented candidate.
+    """
+    tree = snapshot.tree
+    if tree is None:
+        return []
     cursor = tree_sitter.QueryCursor(_block_query())
     cursor.set_byte_range(start_byte, tree.root_node.end_byte if end_byte is None else end_byte)
-    return [n for n in cursor.captures(tree.root_node).get("b", []) if n.start_byte == n.end_byte]
+    out: list[tuple[tree_sitter.Node, str]] = []
+    for block in cursor.captures(tree.root_node).get("b", []):
+        if block.start_byte == block.end_byte:
+            out.append((block, "expected an indented block"))
+            continue
+        column = None
+        for child in block.named_children:
+            if child.type == "comment":
+                continue
+            col = child.start_point[1]
+            if snapshot.data[child.start_byte - col:child.start_byte].strip():
+                continue  # shares its line with the header (`if x: return 1`)
+            if column is None:
+                column = col
+            elif col != column:
+                out.append((child, "unexpected indentation"))
+                break
+    return out
 
 
 def error_count(snapshot: DocumentSnapshot, start_byte: int = 0, end_byte: int | None = None) -> int:
-    """ERROR/MISSING nodes in the tree, plus (Python) empty blocks within the byte range."""
+    """ERROR/MISSING nodes in the tree, plus (Python) indentation issues within the byte range."""
     if snapshot.tree is None:
         return 0
     count = sum(1 for _ in error_nodes(snapshot.tree, limit=10_000))
     if snapshot.language == "python":
-        count += len(empty_blocks(snapshot.tree, start_byte, end_byte))
+        count += len(indentation_issues(snapshot, start_byte, end_byte))
     return count
 
 
@@ -131,12 +155,16 @@ def find_syntax_errors(
         repair_start, repair_end = _line_range(snapshot.text, at, until)
         issues.append(SyntaxIssue(at, until, kind, message, repair_start, repair_end))
     if snapshot.language == "python":
-        for node in empty_blocks(snapshot.tree, max(lo - 1, 0), hi + 1):
+        for node, problem in indentation_issues(snapshot, max(lo - 1, 0), hi + 1):
             at = snapshot.to_char(node.start_byte)
-            header = node.parent.type if node.parent is not None else "statement"
-            repair_start, repair_end = _line_range(snapshot.text, at - 1 if at else at, at)
-            issues.append(SyntaxIssue(at, at, "missing", f"expected an indented block after {header}",
-                                      repair_start, repair_end))
+            if node.start_byte == node.end_byte:  # empty block: reported right after its header
+                header = node.parent.type if node.parent is not None else "statement"
+                repair = _line_range(snapshot.text, max(at - 1, 0), at)
+                issues.append(SyntaxIssue(at, at, "missing", f"{problem} after {header}", *repair))
+            else:
+                until = snapshot.to_char(node.end_byte)
+                repair = _line_range(snapshot.text, at, until)
+                issues.append(SyntaxIssue(at, until, "error", problem, *repair))
     issues.sort(key=lambda i: (i.start, i.end))
     return issues
 

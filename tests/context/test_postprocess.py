@@ -40,6 +40,11 @@ CASES = [
     ("cpp", "class S {\n public:\n  int pop() {\n    <|>\n  }\n};\n", "int x = top;\n    return x;",
      "int x = top;\n    return x;"),
     ("python", "class A:\n    def f(self):<|>\n", "\n    return 1", "\n        return 1"),
+    ("python", "def f():\n    return 1\n\n<|>\n", "def g():\n    return 2", "def g():\n    return 2"),
+    ("python", 'def f():\n    """Doc."""\n<|>\n', "return 2", "    return 2"),
+    ("javascript", "if (ready) {<|>\n}\n", "\n  go();\n}", "\n    go();"),
+    ("javascript", "function f() {\n  if (ready) {<|>\n  }\n}\n", "\ngo();\n}", "\n    go();"),
+    ("python", "for i in range(3):<|>\n", "\nprint(i)", "\n    print(i)"),
     # --- stop rules
     ("python", "def f(x):\n    <|>\n", "return x + 1\n\ndef g():\n    pass", "return x + 1"),
     ("bash", "greet() {\n  <|>\n}\n", "echo \"hi $1\"\n}\n\nmain() {", "echo \"hi $1\""),

@@ -135,6 +135,17 @@ def test_clean_programs_have_no_issues():
         assert find_syntax_errors(parse_snapshot(text, language)) == [], language
 
 
+def test_python_misindented_statements_are_errors():
+    text, offset = split_cursor("def f():\n    <|>\n    return x\n")
+    assert syntax_delta(text, offset, offset, "x = 1", "python").ok
+    judged = syntax_delta(text, offset, offset, "x = 1\n        y = 2", "python")
+    assert not judged.ok and judged.new_errors == 1
+    issues = find_syntax_errors(parse_snapshot("def f():\n    x = 1\n        y = 2\n", "python"))
+    assert [(i.kind, i.message) for i in issues] == [("error", "unexpected indentation")]
+    # a one-line body is not a column mismatch
+    assert find_syntax_errors(parse_snapshot("if x: y = 1\nelse:\n    y = 2\n", "python")) == []
+
+
 def test_find_syntax_errors_in_a_range():
     text = "def a(:\n    pass\n\n\ndef b():\n    return [1,\n\n\ndef c():\n"
     snap = parse_snapshot(text, "python")
