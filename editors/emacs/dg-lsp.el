@@ -166,7 +166,7 @@ The user asked for this edit, so the server's workspace/applyEdit (sent while
 the command runs) is applied without Eglot's confirmation prompt."
   (let ((eglot-confirm-server-initiated-edits nil)
         (eglot-confirm-server-edits nil))
-    (if (fboundp 'eglot-execute)        ; Eglot >= 1.14: also resolves lazily
+    (if (fboundp 'eglot-execute)        ; newer Eglot (Emacs 30): also resolves lazily
         (eglot-execute server action)
       (let ((edit (plist-get action :edit))
             (command (plist-get action :command)))
