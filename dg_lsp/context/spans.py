@@ -215,11 +215,15 @@ def _container(snapshot: DocumentSnapshot, b: int) -> str | None:
 
 
 def _container_from_text(text: str, offset: int, language: str | None) -> str | None:
-    start = offset
+    """Bracket context from the text of the current paragraph (up to 10 lines, no blank line)."""
+    start = text.rfind("\n", 0, offset) + 1
     for _ in range(10):
-        start = text.rfind("\n", 0, max(start - 1, 0)) + 1
         if start == 0:
             break
+        prev = text.rfind("\n", 0, start - 1) + 1
+        if not text[prev:start].strip():
+            break
+        start = prev
     window = text[start:offset]
     openers = unmatched_openers(window, language)
     if not openers:
@@ -245,6 +249,15 @@ def _container_from_text(text: str, offset: int, language: str | None) -> str | 
     if language in ("python", "lua"):
         return "brackets"  # `{` is always a literal there
     return None
+
+
+def _near_error(snapshot: DocumentSnapshot, b: int) -> bool:
+    """Whether the tree around the cursor is error recovery, so its shape cannot be trusted."""
+    root = snapshot.tree.root_node  # type: ignore[union-attr]
+    if not root.has_error:
+        return False
+    node = root.descendant_for_byte_range(max(b - 1, 0), b)
+    return node is not None and (node.has_error or any(a.is_error or a.is_missing for a in ancestors(node)))
 
 
 def _function_owning(snapshot: DocumentSnapshot, b: int) -> tree_sitter.Node | None:
@@ -282,7 +295,7 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
         container = _container(snapshot, b)
     else:
         container = None
-    if container is None and (tree is None or tree.root_node.has_error):
+    if container is None and (tree is None or _near_error(snapshot, b)):
         container = _container_from_text(text, offset, snapshot.language)
     if container is not None:
         return kind(container, single_line=inline)

@@ -25,6 +25,8 @@ CASES = [
     ("python", "x = 1  # the <|>\n", "comment", True),
     ("python", 'def f():\n    """Return the <|>\n    """\n', "docstring", False),
     ("python", "result = call(a, <|>\n", "argument_list", True),
+    ("python", "x = foo(a,\n      <|>\n", "argument_list", False),
+    ("python", "def broken(:\n    pass\n\nx = [\n    1,\n]\n<|>\n", "empty_line", False),  # error far away
     # JavaScript
     ("javascript", "function add(a, b) {\n  <|>\n}\n", "function_body", False),
     ("javascript", "const xs = [1, 2, <|>];\n", "brackets", True),
@@ -34,6 +36,7 @@ CASES = [
     ("javascript", "// compute the <|>\nlet x = 1;\n", "comment", True),
     ("javascript", "function f(a) {\n  const b = a * 2;\n  <|>\n  return b;\n}\n", "empty_line", False),
     ("javascript", "if (ready) {<|>\n}\n", "block", False),
+    ("javascript", "if (x {\n  y = [1, <|>\n", "brackets", True),  # inside error recovery
     # TypeScript / TSX
     ("typescript", "function len(s: string): number {\n  <|>\n}\n", "function_body", False),
     ("typescript", "const m = new Map<string, number>([[\"a\", <|>]]);\n", "brackets", True),
