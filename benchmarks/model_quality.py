@@ -1,0 +1,346 @@
+"""Infill quality of the embedded DiffusionGemma model next to its autoregressive twin.
+
+Both models run through dg-lsp's own engines (`DiffusionGemmaEngine`, `AutoregressiveEngine`) with
+the same prompt budget and token cap, caches off. Metrics:
+
+- held-out spans: exact match and edit similarity (normalised Levenshtein) on infills drawn from the
+  corpus's held-out files with the training sampler (rest of line, lines, blocks, spans, empty);
+- HumanEval-infilling pass@1 (one sample per task, seed 0): single-line, multi-line and
+  random-span-light, each program run in a separate `python -I` process with a timeout, in a
+  throwaway directory, without network (`unshare -n` when available) and with memory/CPU limits.
+
+    python benchmarks/model_quality.py --single-every 5 --multi-every 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import gzip
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+HUMANEVAL = Path(os.environ.get("DG_LSP_HUMANEVAL", ROOT.parent / "shared/benchmarks/humaneval-infilling"))
+SUBSETS = {
+    "single-line": "HumanEval-SingleLineInfilling.jsonl.gz",
+    "multi-line": "HumanEval-MultiLineInfilling.jsonl.gz",
+    "random-span-light": "HumanEval-RandomSpanInfillingLight.jsonl.gz",
+}
+
+
+@dataclass
+class Task:
+    suite: str
+    task_id: str
+    prefix: str
+    suffix: str
+    middle: str
+    test: str = ""
+    entry_point: str = ""
+
+
+@dataclass
+class Outcome:
+    suite: str
+    task_id: str
+    completion: str
+    exact: bool
+    edit_sim: float
+    passed: bool | None
+    ms: float
+    forward_passes: int
+
+
+@dataclass
+class Summary:
+    model: str
+    backend: str
+    parameters: str
+    suites: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:
+    """Infills from held-out files, drawn and truncated exactly like training examples (seed 777)."""
+    from transformers import AutoTokenizer
+
+    from dg_lsp.training.batches import draw_budget, tokenize_fim
+    from dg_lsp.training.config import DataConfig
+    from dg_lsp.training.corpus import load_docs
+    from dg_lsp.training.spans import sample_fim
+    from dg_lsp.training.train import DocSampler
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    sampler = DocSampler(load_docs(corpus / "valid.jsonl"))
+    rng = random.Random(777)
+    weights = DataConfig().span_weights
+    tasks = []
+    for i in range(n):
+        _, suffix_budget = draw_budget(rng, [budget], 0.25)
+        ex = tokenize_fim(
+            tok, sample_fim(sampler.draw(rng).text, rng, weights), budget, suffix_budget, canvas - 1
+        )
+        tasks.append(
+            Task(
+                "held-out",
+                f"held-out/{i}",
+                tok.decode(ex.prefix_ids),
+                tok.decode(ex.suffix_ids),
+                tok.decode(ex.middle_ids),
+            )
+        )
+    return tasks
+
+
+def humaneval_tasks(suite: str, every: int) -> list[Task]:
+    rows = [json.loads(line) for line in gzip.open(HUMANEVAL / SUBSETS[suite], "rt")]
+    return [
+        Task(
+            suite,
+            r["task_id"],
+            r["prompt"],
+            r["suffix"],
+            r["canonical_solution"],
+            r["test"],
+            r["entry_point"],
+        )
+        for r in rows[::every]
+    ]
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (10, 10))
+
+
+@functools.cache
+def _can_unshare_network() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
+def run_program(source: str, timeout: float = 10.0) -> bool:
+    """True when `source` exits 0 within `timeout` in an isolated, network-less, throwaway process."""
+    with tempfile.TemporaryDirectory(prefix="dg-he-") as tmp:
+        path = Path(tmp) / "prog.py"
+        path.write_text(source)
+        cmd = [sys.executable, "-I", str(path)]
+        if _can_unshare_network():
+            cmd = ["unshare", "-n", *cmd]
+        try:
+            proc = subprocess.run(
+                cmd,
+                cwd=tmp,
+                env={"PATH": "/usr/bin:/bin"},
+                capture_output=True,
+                timeout=timeout,
+                preexec_fn=_limits,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return proc.returncode == 0
+
+
+def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int):
+    import torch
+
+    torch.set_num_threads(1)
+    if kind == "diffusion":
+        from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
+
+        return DiffusionGemmaEngine(
+            model_dir,
+            max_prompt_tokens=prompt_tokens,
+            steps=steps,
+            use_prompt_cache=False,
+            use_continuation_cache=False,
+        )
+    from dg_lsp.engine.ar import AutoregressiveEngine
+
+    return AutoregressiveEngine(
+        model_dir, max_prompt_tokens=prompt_tokens, use_prompt_cache=False, use_continuation_cache=False
+    )
+
+
+def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> tuple[Summary, list[Outcome]]:
+    from rapidfuzz.distance import Levenshtein
+
+    from dg_lsp.engine.types import InfillRequest
+
+    engine = _load_engine(kind, model_dir, args["prompt_tokens"], args["steps"])
+    info = engine.describe()
+    outcomes = []
+    for task in tasks:
+        t0 = time.perf_counter()
+        result = engine.infill(InfillRequest(task.prefix, task.suffix, max_tokens=args["max_tokens"], seed=0))
+        ms = (time.perf_counter() - t0) * 1000
+        text = result.candidates[0].text if result.candidates else ""
+        passed = None
+        if task.test:
+            program = f"{task.prefix}{text}{task.suffix}\n\n{task.test}\n\ncheck({task.entry_point})\n"
+            passed = run_program(program)
+        outcomes.append(
+            Outcome(
+                task.suite,
+                task.task_id,
+                text,
+                text == task.middle,
+                Levenshtein.normalized_similarity(text, task.middle),
+                passed,
+                ms,
+                result.stats.forward_passes,
+            )
+        )
+    summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
+    for suite in dict.fromkeys(o.suite for o in outcomes):
+        rows = [o for o in outcomes if o.suite == suite]
+        s = {
+            "tasks": len(rows),
+            "exact_match": sum(o.exact for o in rows) / len(rows),
+            "edit_similarity": sum(o.edit_sim for o in rows) / len(rows),
+            "mean_ms": sum(o.ms for o in rows) / len(rows),
+            "mean_forward_passes": sum(o.forward_passes for o in rows) / len(rows),
+        }
+        if rows[0].passed is not None:
+            s["pass@1"] = sum(bool(o.passed) for o in rows) / len(rows)
+        summary.suites[suite] = s
+    return summary, outcomes
+
+
+def _plot(summaries: dict[str, Summary], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = list(next(iter(summaries.values())).suites)
+    metrics = [("held-out", "exact_match"), ("held-out", "edit_similarity")] + [
+        (s, "pass@1") for s in suites if s != "held-out"
+    ]
+    metrics = [m for m in metrics if m[0] in suites]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(summaries)
+    for i, (name, summ) in enumerate(summaries.items()):
+        vals = [summ.suites[s].get(m, 0.0) for s, m in metrics]
+        ax.bar([j + i * width for j in range(len(metrics))], vals, width, label=name)
+    ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(metrics))])
+    ax.set_xticklabels([f"{s}\n{m}" for s, m in metrics], fontsize=8)
+    ax.set_ylabel("score")
+    ax.set_title("Embedded diffusion model vs AR twin")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall: float, out: Path) -> str:
+    import torch
+    import transformers
+
+    lines = [
+        "# Model quality: embedded DiffusionGemma vs its AR twin",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; machine: {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores (shared with other jobs, 1 thread per model), "
+        f"torch {torch.__version__}, transformers {transformers.__version__}; wall {wall / 60:.1f} min.",
+        "",
+        f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
+        f"{args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
+        f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
+        f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
+        "",
+        "| suite | tasks | metric | " + " | ".join(summaries) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in summaries) + " |",
+    ]
+    first = next(iter(summaries.values()))
+    for suite, s in first.suites.items():
+        for metric in ("exact_match", "edit_similarity", "pass@1", "mean_ms", "mean_forward_passes"):
+            if metric not in s:
+                continue
+            vals = []
+            for summ in summaries.values():
+                v = summ.suites[suite][metric]
+                vals.append(f"{v:.1f}" if metric.startswith("mean") else f"{100 * v:.1f}%")
+            lines.append(f"| {suite} | {s['tasks']} | {metric} | " + " | ".join(vals) + " |")
+    lines += ["", "Models:", ""]
+    for name, summ in summaries.items():
+        lines.append(f"- {name}: `{summ.model}` ({summ.backend}, {summ.parameters} parameters)")
+    lines += [
+        "",
+        "mean_ms is wall time per request on a CPU shared with other jobs: indicative only; the "
+        "engine benchmarks measure speed properly.",
+        "",
+        "![model quality](model_quality.png)",
+        "",
+    ]
+    text = "\n".join(lines)
+    (out / "model_quality.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--diffusion", default=str(ROOT / "dg_lsp/models/embedded"))
+    ap.add_argument("--ar", default=str(ROOT / "dg_lsp/models/ar_twin"))
+    ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
+    ap.add_argument("--spans", type=int, default=200)
+    ap.add_argument("--single-every", type=int, default=5)
+    ap.add_argument("--multi-every", type=int, default=40)
+    ap.add_argument("--light-every", type=int, default=1)
+    ap.add_argument("--prompt-tokens", type=int, default=192)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+
+    start = time.perf_counter()
+    tasks: list[Task] = []
+    if (args.corpus / "valid.jsonl").exists() and args.spans > 0:
+        tasks += held_out_tasks(args.corpus, Path(args.diffusion), args.spans, args.prompt_tokens, 32)
+    else:
+        print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
+    for suite, every in (
+        ("single-line", args.single_every),
+        ("multi-line", args.multi_every),
+        ("random-span-light", args.light_every),
+    ):
+        if every > 0:
+            tasks += humaneval_tasks(suite, every)
+    opts = {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "steps": args.steps}
+    models = {"diffusion": args.diffusion, "AR twin": args.ar}
+    kinds = {"diffusion": "diffusion", "AR twin": "ar"}
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        futures = {
+            name: pool.submit(evaluate_model, kinds[name], d, tasks, opts) for name, d in models.items()
+        }
+        results = {name: f.result() for name, f in futures.items()}
+    summaries = {name: r[0] for name, r in results.items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    raw = {
+        name: {"summary": asdict(s), "outcomes": [asdict(o) for o in results[name][1]]}
+        for name, s in summaries.items()
+    }
+    (args.out / "model_quality.json").write_text(json.dumps(raw, indent=1) + "\n")
+    _plot(summaries, args.out / "model_quality.png")
+    print(_write_report(summaries, args, time.perf_counter() - start, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""Copy a run's best checkpoint into the package, as fp16 safetensors, only if it beats the shipped one.
+
+    python -m dg_lsp.training.ship runs/diffusion-cpu-2h                       # -> dg_lsp/models/embedded
+    python -m dg_lsp.training.ship runs/ar-cpu-2h --dest dg_lsp/models/ar_twin
+
+"Beats" means a lower held-out loss in `best/metrics.json` than the `metrics.json` already in the
+destination, on the same fixed held-out examples (same corpus, tokenizer and eval definition).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+PACKAGE_MODELS = Path(__file__).resolve().parent.parent / "models"
+MAX_MB = 25.0
+
+
+def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind: str) -> str:
+    cfg = json.loads((run / "config.json").read_text())
+    steps = [h for h in history if "tokens" in h]
+    last = steps[-1] if steps else {}
+    m = cfg["model"]
+    arch = "DiffusionGemmaForBlockDiffusion" if kind == "diffusion" else "Gemma4ForCausalLM (AR twin)"
+    return "\n".join(
+        [
+            f"# dg-lsp {'embedded model' if kind == 'diffusion' else 'AR twin'}",
+            "",
+            f"{arch}, {params / 1e6:.2f}M parameters, fp16 safetensors; trained from scratch by",
+            "`dg-lsp train` (see `dg_lsp/training/README.md`) on the licensed corpus listed in",
+            "`dg_lsp/training/corpus_manifest.json` (Python stdlib, pinned PyPI packages, npm packages).",
+            "",
+            f"- layers {m['num_hidden_layers']}, hidden {m['hidden_size']}, heads {m['num_attention_heads']}"
+            f" (kv {m['num_key_value_heads']}, head_dim {m['head_dim']}), MoE {m['num_experts']} experts"
+            f" top-{m['top_k_experts']}, canvas {m['canvas_length']}, vocab 8192 byte-level BPE",
+            f"- trained on prompts of at most {max(cfg['data']['context_tokens'])} prefix+suffix tokens:"
+            f" keep the engine's prompt budget near that (tokenizer `model_max_length`)",
+            f"- {last.get('step', '?')} steps x batch {cfg['batch_size']}, {last.get('tokens', 0) / 1e6:.2f}M"
+            f" tokens, {last.get('time', 0) / 60:.0f} min on 1 shared CPU thread",
+            f"- held-out loss at step {metrics['step']}: {metrics['valid_loss']:.4f}"
+            f" ({'canvas CE, t on a fixed grid' if kind == 'diffusion' else 'middle+EOS CE'})",
+            "",
+            "Licence: Apache-2.0 (dg-lsp); training data licences are in the corpus manifest.",
+            "",
+        ]
+    )
+
+
+def ship(run: Path, dest: Path, force: bool = False, prompt_tokens: int | None = None) -> bool:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DiffusionGemmaForBlockDiffusion
+
+    from dg_lsp.training.models import count_parameters, export
+
+    best = run / "best"
+    metrics = json.loads((best / "metrics.json").read_text())
+    old = dest / "metrics.json"
+    if old.exists() and not force:
+        previous = json.loads(old.read_text())
+        if previous["valid_loss"] <= metrics["valid_loss"]:
+            print(
+                f"not shipped: held-out {metrics['valid_loss']:.4f} >= shipped {previous['valid_loss']:.4f}"
+            )
+            return False
+    kind = "diffusion" if AutoConfig.from_pretrained(best).model_type == "diffusion_gemma" else "ar"
+    cls = DiffusionGemmaForBlockDiffusion if kind == "diffusion" else AutoModelForCausalLM
+    model = cls.from_pretrained(best, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(best)
+    cfg = json.loads((run / "config.json").read_text())
+    tokenizer.model_max_length = prompt_tokens or max(cfg["data"]["context_tokens"]) + 64
+    export(model, tokenizer, dest, dtype=torch.float16)
+    size_mb = sum(p.stat().st_size for p in dest.glob("*.safetensors")) / 2**20
+    if size_mb > MAX_MB:
+        raise SystemExit(f"checkpoint is {size_mb:.1f} MB > {MAX_MB} MB: not shippable")
+    old.write_text(json.dumps(metrics) + "\n")
+    history = json.loads((run / "history.json").read_text()) if (run / "history.json").exists() else []
+    (dest / "README.md").write_text(_model_card(run, metrics, history, count_parameters(model), kind))
+    print(f"shipped {best} -> {dest} ({size_mb:.1f} MB, held-out {metrics['valid_loss']:.4f})")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--dest", type=Path, default=PACKAGE_MODELS / "embedded")
+    ap.add_argument("--force", action="store_true", help="ship even if not better (e.g. new tokenizer)")
+    ap.add_argument("--prompt-tokens", type=int, help="tokenizer model_max_length to record")
+    args = ap.parse_args(argv)
+    ship(args.run, args.dest, args.force, args.prompt_tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
