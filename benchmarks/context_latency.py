@@ -21,7 +21,14 @@ import sysconfig
 import time
 from pathlib import Path
 
-from dg_lsp.context import DocumentTrees, build_context, parse_snapshot, verdict
+from dg_lsp.context import (
+    DocumentTrees,
+    build_context,
+    find_placeholders,
+    find_syntax_errors,
+    parse_snapshot,
+    verdict,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LINES = 5000
@@ -131,6 +138,8 @@ def bench_file(label: str, language: str, text: str, n: int, seed: int) -> dict[
         verdict(snap, end, end, "\n" + indent + stmt)
 
     out["syntax verdict (1 candidate)"] = timed(judge, len(sites))
+    out["find_syntax_errors (whole file)"] = timed(lambda i: find_syntax_errors(snap), 10)
+    out["find_placeholders (whole file)"] = timed(lambda i: find_placeholders(snap), 10)
     print(f"{label}: {len(text):,} chars, {text.count(chr(10)) + 1} lines", file=sys.stderr)
     return out
 
@@ -185,6 +194,7 @@ character of a statement typed on a new line, applied through `DocumentTrees.edi
 incremental reparse). "syntax verdict" inserts one statement line at a line end and counts
 ERROR/MISSING nodes (and Python empty blocks) with and without it, as `rank_candidates` does.
 Wall time includes waiting for the CPU, which other jobs share; CPU time is this process only.
+The two `find_*` rows are what a code-action request costs (whole file, no range).
 Opening the 10 MB document (not parsed: above the size limit) took {open_ms:.2f} ms.
 
 {header}

@@ -144,18 +144,17 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
                 break
     text = "\n".join(lines).rstrip()
     rest = ctx.line_suffix.strip()
-    if rest and not ctx.span.single_line and "\n" not in text and text.endswith(rest):
-        return text[: -len(rest)].rstrip()
-    if rest:
-        if text.endswith(rest):
-            return text[: -len(rest)]
-        # longest run of closing punctuation the suffix starts with
-        k = 0
-        while k < len(rest) and rest[k] in _TAIL_PUNCT:
-            k += 1
-        for j in range(k, 0, -1):
-            if text.endswith(rest[:j]):
-                return text[:-j]
+    if not rest:
+        return text
+    if text.endswith(rest):
+        return text[: -len(rest)].rstrip() if "\n" in text else text[: -len(rest)]
+    # the longest run of closing punctuation the rest of the line starts with: `)`, `);`, `"]`
+    k = 0
+    while k < len(rest) and rest[k] in _TAIL_PUNCT:
+        k += 1
+    for j in range(k, 0, -1):
+        if text.endswith(rest[:j]):
+            return text[:-j]
     return text
 
 

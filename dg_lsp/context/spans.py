@@ -98,7 +98,9 @@ _PLACEHOLDER_TEXT = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 TODO_RE = re.compile(r"\b(TODO|FIXME)\b")
-_BLOCK_OPENER = re.compile(r"(:|\{|\bthen|\bdo|\belse|\bin|\(\)\s*\{)$")
+_BLOCK_OPENER = re.compile(
+    r"(:|\{|\bthen|\bdo|\belse|\brepeat|\bin|\bfunction\b[^()]*\([^()]*\))$"  # Lua/Bash too
+)
 
 
 def kind(name: str, **changes: object) -> SpanKind:

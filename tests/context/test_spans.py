@@ -71,6 +71,8 @@ CASES = [
     # Lua
     ("lua", "local function add(a, b)\n  <|>\nend\n", "function_body", False),
     ("lua", "local t = {1, 2, <|>}\n", "brackets", True),
+    ("lua", "local function add(a, b)<|>\nend\n", "function_body", False),
+    ("lua", "local function f(x)\n  if x > 0 then<|>\n  end\nend\n", "block", False),
     ("lua", "print(\"x\", <|>)\n", "argument_list", True),
     ("lua", "local s = \"abc<|>\"\n", "string", True),
     # Bash
