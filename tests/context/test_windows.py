@@ -123,3 +123,40 @@ def test_replaced_span_is_excluded_from_both_windows():
     ctx = build_context(parse_snapshot(text, "rust"), start, end_offset=end)
     assert ctx.prefix == text[:start] and ctx.suffix == text[end:]
     assert ctx.replaced == text[start:end] and ctx.span.name == "selection"
+
+
+HEADER_CASES = [
+    ("python", "import os\n\nclass A:\n    def f(self):\n", "        x = 1\n", "        <|>return x\n",
+     ["import os", "class A:", "    def f(self):"]),
+    ("javascript", "import fs from 'fs';\n\nexport class A {\n  f() {\n", "    x = 1;\n",
+     "    <|>return x;\n  }\n}\n", ["import fs from 'fs';", "export class A {", "  f() {"]),
+    ("typescript", "import { X } from './x';\n\nclass A {\n  f(): number {\n", "    x = 1;\n",
+     "    <|>return x;\n  }\n}\n", ["import { X } from './x';", "class A {", "  f(): number {"]),
+    ("tsx", "import React from 'react';\n\nexport function App() {\n", "  x = 1;\n",
+     "  <|>return <div />;\n}\n", ["import React from 'react';", "export function App() {"]),
+    ("go", "package main\n\nimport \"fmt\"\n\nfunc (c *C) F() int {\n", "\tx = 1\n", "\t<|>return x\n}\n",
+     ["package main", "import \"fmt\"", "func (c *C) F() int {"]),
+    ("rust", "use std::io;\n\nimpl A {\n    fn f(&self) -> i32 {\n", "        x += 1;\n",
+     "        <|>x\n    }\n}\n", ["use std::io;", "impl A {", "    fn f(&self) -> i32 {"]),
+    ("c", "#include <stdio.h>\n\nint f(void) {\n", "  x += 1;\n", "  <|>return x;\n}\n",
+     ["#include <stdio.h>", "int f(void) {"]),
+    ("cpp", "#include <vector>\n\nnamespace n {\nclass A {\n public:\n  int f() {\n", "    x += 1;\n",
+     "    <|>return x;\n  }\n};\n}\n", ["#include <vector>", "namespace n {", "class A {", "  int f() {"]),
+    ("lua", "local json = require(\"json\")\n\nfunction M.f(x)\n", "  x = x + 1\n", "  <|>return x\nend\n",
+     ["local json = require(\"json\")", "function M.f(x)"]),
+    ("bash", "set -e\n\nf() {\n", "  x=1\n", "  <|>echo \"$x\"\n}\n", ["f() {"]),
+]
+
+
+@pytest.mark.parametrize(("language", "head", "filler", "tail", "headers"), HEADER_CASES)
+def test_headers_are_kept_in_every_language(language, head, filler, tail, headers):
+    from .conftest import split_cursor
+
+    text, cursor = split_cursor(head + filler * 300 + tail)
+    snap = parse_snapshot(text, language)
+    assert not snap.tree.root_node.has_error
+    ctx = build_context(snap, cursor, max_prefix_tokens=100)
+    assert ctx.prefix_cut
+    lines = ctx.prefix.split("\n")
+    assert [h for h in headers if h in lines] == headers
+    assert ctx.prefix.endswith(filler + tail.split("<|>")[0])
