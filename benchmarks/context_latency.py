@@ -192,8 +192,9 @@ in half. Cursors, typing sites and candidate sites are drawn uniformly (seed {ar
 `build_context` uses the default budgets (1,024 prefix / 256 suffix tokens). "keystroke" is one
 character of a statement typed on a new line, applied through `DocumentTrees.edit` (`Tree.edit` +
 incremental reparse). "syntax verdict" inserts one statement line at a line end and counts
-ERROR/MISSING nodes (and Python empty blocks) with and without it, as `rank_candidates` does.
-Wall time includes waiting for the CPU, which other jobs share; CPU time is this process only.
+ERROR/MISSING nodes (and Python empty or misindented blocks) with and without it, as `rank_candidates` does.
+Wall time includes waiting for the CPU, which other jobs share (see the load average above: on a
+busy machine the wall-time tail is the scheduler, not this code); CPU time is this process only.
 The two `find_*` rows are what a code-action request costs (whole file, no range).
 Opening the 10 MB document (not parsed: above the size limit) took {open_ms:.2f} ms.
 
