@@ -1,5 +1,22 @@
 """Tree-sitter context: incremental trees per document, infill windows, span kinds, candidate
-post-processing, syntax checks and placeholders. Offsets are Python str indices into the text."""
+post-processing, syntax checks and placeholders.
+
+All offsets are Python str indices (code points) into the document text.
+
+Typical flow (server thread edits, worker thread reads an immutable snapshot)::
+
+    trees = DocumentTrees()
+    trees.open(uri, language_id, text)             # didOpen
+    trees.edit(uri, start, old_end, new_text)      # didChange, one call per content change
+    snap = trees.snapshot(uri)                     # worker thread
+    ctx = build_context(snap, offset)              # or end_offset=... to replace a range
+    if ctx.span.enabled:
+        request = ctx.to_request(num_candidates=4)
+        texts = rank_candidates([(c.text, c.mean_logprob) for c in result.candidates], ctx, snap)
+
+`find_syntax_errors(snap)` and `find_placeholders(snap)` feed the "Repair syntax error" and "Fill
+placeholder" code actions; each issue/placeholder carries the range to pass as `end_offset`.
+"""
 
 from dg_lsp.context.builder import InfillContext, as_snapshot, build_context
 from dg_lsp.context.documents import MAX_PARSE_CHARS, DocumentSnapshot, DocumentTrees, parse_snapshot
