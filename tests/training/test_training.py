@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from dg_lsp.models import tokens
 from dg_lsp.training import batches, corpus, objectives, spans, train
+from dg_lsp.training.ship import ship
 from dg_lsp.training.tokenizer import train_tokenizer
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -156,6 +157,11 @@ def test_tiny_run_learns_resumes_and_exports(tiny_data, tmp_path, kind, capsys):
         prompt = torch.tensor([tokens.fim_prompt_ids([40, 41], [50])])
         gen = model.generate(prompt, max_new_tokens=16, max_denoising_steps=4, eos_token_id=1, pad_token_id=0)
         assert gen.sequences.shape[1] == prompt.shape[1] + 16
+        dest = tmp_path / "shipped"
+        assert ship(out, dest)
+        shipped = DiffusionGemmaForBlockDiffusion.from_pretrained(dest)
+        assert shipped.dtype == torch.float16 and (dest / "tokenizer.json").exists()
+        assert not ship(out, dest), "an equal held-out loss must not replace the shipped checkpoint"
     else:
         from transformers import AutoModelForCausalLM
 
