@@ -43,9 +43,13 @@ const readSetting: ConfigReader = (key) => {
     return value;
 };
 
+/** Problems already shown: the payload is rebuilt on every change and configuration request. */
+const warned = new Set<string>();
+
 function payload(): { dgLsp: Record<string, unknown> } {
     const { payload: p, problems } = serverPayload(readSetting);
-    for (const problem of problems) {
+    for (const problem of problems.filter((line) => !warned.has(line))) {
+        warned.add(problem);
         output?.warn(problem);
         void vscode.window.showWarningMessage(problem);
     }
