@@ -59,6 +59,8 @@ def detect_backend(config: dict) -> str:
         return "diffusion-gemma"
     if any(n.endswith("formaskedlm") for n in names) or any(h in n for n in names for h in MASKED_ARCH_HINTS):
         return "masked"
+    if config.get("use_bidirectional_attention") is True and config.get("mask_token_id") is not None:
+        return "masked"  # a decoder class run bidirectionally with a mask token: a masked-diffusion LM
     if any(n.endswith("forcausallm") for n in names):
         return "ar"
     raise ModelLoadError(

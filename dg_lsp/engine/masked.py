@@ -6,11 +6,18 @@ Each step commits every masked position whose confidence clears `threshold`, and
 quota that lets the remaining masks finish within the remaining steps (exact integer schedule).
 Once an EOS/pad is committed, every still-masked position after it is filled with EOS at once:
 the span is variable-length and the tail would be trimmed anyway, so those steps are skipped.
+
+Dual cache (Fast-dLLM): when the model's forward accepts `past_key_values`, the first step is a full
+pass whose prefix and suffix keys/values are kept; later steps feed only the canvas (plus, when
+shifted, the token before it) against that context. With the context unchanged this reproduces the
+full pass exactly; as the canvas fills in it is an approximation (the context KV is not refreshed).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -20,7 +27,10 @@ import torch
 
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.kv import new_cache
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
+
+log = logging.getLogger(__name__)
 
 SHIFTED_HINTS = ("dream", "diffucoder")
 
@@ -38,6 +48,11 @@ class MaskedSamplerConfig:
     buckets: tuple[int, ...] = (8, 16, 32, 64, 128)
     logits_shift: bool | None = None
     """None = decide from the checkpoint (Dream-like names or `dg_lsp_logits_shift` in config.json)."""
+    dual_cache: bool = True
+    """Fast-dLLM dual cache, where the model's forward takes a KV cache: prefix/suffix KV from one full
+    pass, then only the canvas is recomputed. Approximate: the context KV ignores later canvas changes."""
+    refresh_every: int = 0
+    """Recompute the context KV with a full pass every this many steps (0 = only at the first step)."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
@@ -78,7 +93,7 @@ class MaskedDiffusionEngine(LocalEngine):
         use_continuation_cache: bool = True,
     ):
         super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=False)
-        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
+        from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
         from dg_lsp.engine import quantization as quant
 
@@ -94,7 +109,11 @@ class MaskedDiffusionEngine(LocalEngine):
             kwargs["device_map"] = str(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
         archs = [str(a) for a in raw.get("architectures") or []]
-        loader = AutoModelForMaskedLM if any(a.endswith("ForMaskedLM") for a in archs) else AutoModel
+        loader = AutoModel  # LLaDA/Dream remote code maps AutoModel to their LM class
+        if any(a.endswith("ForMaskedLM") for a in archs):
+            loader = AutoModelForMaskedLM
+        elif any(a.endswith("ForCausalLM") for a in archs):  # a decoder class run bidirectionally
+            loader = AutoModelForCausalLM
         self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
@@ -116,6 +135,7 @@ class MaskedDiffusionEngine(LocalEngine):
         )
         self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
         self.max_prompt_tokens = max_prompt_tokens
+        self.supports_kv = "past_key_values" in inspect.signature(self.model.forward).parameters
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
@@ -132,6 +152,7 @@ class MaskedDiffusionEngine(LocalEngine):
             "logits_shift": str(self.shift),
             "confidence": self.cfg.confidence,
             "threshold": str(self.cfg.threshold),
+            "dual_cache": str(self.cfg.dual_cache and self.supports_kv),
         }
 
     def warmup(self) -> None:
@@ -146,11 +167,36 @@ class MaskedDiffusionEngine(LocalEngine):
         head = self.bos + pre
         return head + [self.mask_id] * length + suf, len(head)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _canvas_logits(self, x: torch.Tensor, start: int, length: int, ctx: list | None, refresh: bool):
+        """Logits for the canvas positions; (logits, ctx). A full pass when `ctx` is None or `refresh`
+        (returning fresh context KV when the dual cache is on), else a canvas-only pass against `ctx`."""
+        lo = start - 1 if self.shift else start  # shifted: the token before the canvas predicts its first
+        hi = start + length
+        dual = self.cfg.dual_cache and self.supports_kv
+        if dual and ctx is not None and not refresh:
+            cache = new_cache(self.model.config, record=False)
+            for layer, (k, v) in zip(cache.layers, ctx, strict=True):
+                layer.update(k, v)
+            pos = torch.arange(lo, hi, device=self.device).unsqueeze(0)
+            logits = self.model(input_ids=x[:, lo:hi], past_key_values=cache, position_ids=pos).logits
+            return logits[:, :length], ctx
+        if dual:
+            try:
+                cache = new_cache(self.model.config, record=True)
+                logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits
+                ctx = [
+                    (
+                        torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
+                        torch.cat([la.values[:, :, :lo], la.values[:, :, hi:]], 2),
+                    )
+                    for la in cache.layers
+                ]
+                return logits[:, lo : lo + length], ctx
+            except Exception as exc:  # remote code with its own cache format: fall back for good
+                log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
+                self.supports_kv = False
         logits = self.model(input_ids=x).logits
-        if self.shift:  # position i is predicted at i-1; the first position keeps its own (never a mask)
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits
+        return logits[:, lo : lo + length], None
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         cfg = self.cfg
@@ -169,11 +215,14 @@ class MaskedDiffusionEngine(LocalEngine):
         logp_sum = torch.zeros(batch, device=self.device)
         logp_n = torch.zeros(batch, device=self.device)
         self.last_commits = []
+        ctx = None
         with torch.inference_mode():
             for step in range(steps):
                 check()
                 t0 = time.perf_counter()
-                logits = self._logits(x)[:, span].float()
+                refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
+                logits, ctx = self._canvas_logits(x, start, length, ctx, refresh)
+                logits = logits.float()
                 stats.forward_passes += 1
                 logp = torch.log_softmax(logits, dim=-1)
                 scores = logp.clone()

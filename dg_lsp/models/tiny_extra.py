@@ -82,3 +82,34 @@ def make_tiny_masked_lm(path: str | Path, seed: int = 0, logits_shift: bool = Fa
     ModernBertForMaskedLM(config).eval().save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_tiny_bidirectional_lm(path: str | Path, seed: int = 0) -> Path:
+    """A 2-layer `Gemma3ForCausalLM` with `use_bidirectional_attention=True`: a masked-diffusion LM (LLaDA
+    style, no logit shift) whose forward accepts a KV cache, so the dual-cache path can be exercised."""
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer([_SAMPLE_CODE] * 4)
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        layer_types=["full_attention", "full_attention"],
+        use_bidirectional_attention=True,
+        max_position_embeddings=4096,
+        pad_token_id=tokens.PAD_ID,
+        eos_token_id=tokens.EOS_ID,
+        bos_token_id=tokens.BOS_ID,
+    )
+    config.mask_token_id = tokens.MASK_ID
+    Gemma3ForCausalLM(config).eval().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

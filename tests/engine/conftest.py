@@ -40,6 +40,13 @@ def tiny_shifted_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_bidirectional_dir(tmp_path_factory):
+    from dg_lsp.models.tiny_extra import make_tiny_bidirectional_lm
+
+    return make_tiny_bidirectional_lm(tmp_path_factory.mktemp("tiny-bidir"))
+
+
+@pytest.fixture(scope="session")
 def dg_engine(tiny_dg_dir):
     from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
 

@@ -17,6 +17,10 @@ from dg_lsp.settings import Settings
         ({"architectures": ["ModernBertForMaskedLM"]}, "masked"),
         ({"architectures": ["LLaDAModelLM"], "model_type": "llada"}, "masked"),
         ({"architectures": ["DreamModel"], "model_type": "Dream"}, "masked"),
+        (
+            {"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True, "mask_token_id": 6},
+            "masked",
+        ),
     ],
 )
 def test_detect_backend(config, backend):

@@ -140,3 +140,45 @@ def test_config_and_detection(tiny_masked_dir):
         Settings(model=str(tiny_masked_dir), device="cpu", extra={"masked": {"threshold": 0.7}})
     )
     assert engine.name == "masked" and engine.cfg.threshold == 0.7
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["llada", "dream"])
+def test_dual_cache_block_pass_reproduces_full_pass(tiny_bidirectional_dir, shift):
+    """With the context unchanged, a canvas-only pass against the cached prefix/suffix KV is exact."""
+    engine = MaskedDiffusionEngine(tiny_bidirectional_dir, sampler=MaskedSamplerConfig(logits_shift=shift))
+    assert engine.supports_kv and engine.describe()["dual_cache"] == "True"
+    ids, start = engine.canvas(InfillRequest(PREFIX, SUFFIX), 16)
+    x = torch.tensor([ids, ids])
+    x[1, start : start + 5] = torch.arange(20, 25)  # a partly filled second row
+    with torch.inference_mode():
+        full, ctx = engine._canvas_logits(x, start, 16, None, refresh=False)
+        block, same = engine._canvas_logits(x, start, 16, ctx, refresh=False)
+        engine.cfg = dataclasses.replace(engine.cfg, dual_cache=False)
+        plain, none = engine._canvas_logits(x, start, 16, None, refresh=False)
+    assert same is ctx and none is None
+    torch.testing.assert_close(block, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(plain, full, rtol=1e-4, atol=1e-4)
+
+
+def test_dual_cache_end_to_end(tiny_bidirectional_dir):
+    engine = load_engine(Settings(model=str(tiny_bidirectional_dir), device="cpu"))
+    assert engine.name == "masked" and engine.supports_kv
+    engine.use_continuation_cache = False
+    seen = []
+    handle = engine.model.register_forward_pre_hook(
+        lambda _m, args, kwargs: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=4)
+    try:
+        cached = engine.infill(request)
+        engine.cfg = dataclasses.replace(engine.cfg, refresh_every=1)  # a full pass every step: exact
+        refreshed = engine.infill(request)
+        engine.cfg = dataclasses.replace(engine.cfg, dual_cache=False, refresh_every=0)
+        plain = engine.infill(request)
+    finally:
+        handle.remove()
+    full_len = seen[0]
+    assert seen[1 : cached.stats.forward_passes] == [16] * (cached.stats.forward_passes - 1)  # canvas only
+    assert all(n == full_len for n in seen[cached.stats.forward_passes :])
+    assert refreshed.candidates[0].token_ids == plain.candidates[0].token_ids
+    assert cached.stats.forward_passes == plain.stats.forward_passes
