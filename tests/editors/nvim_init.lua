@@ -44,3 +44,15 @@ function dg_test.state()
     messages = vim.fn.execute('messages'),
   })
 end
+
+-- Number of completion items the server returns at the cursor right now (a synchronous request).
+function dg_test.completion_count()
+  local params = vim.lsp.util.make_position_params(0, 'utf-16')
+  local responses = vim.lsp.buf_request_sync(0, 'textDocument/completion', params, 60000) or {}
+  local count = 0
+  for _, response in pairs(responses) do
+    local result = response.result or {}
+    count = count + #(result.items or result)
+  end
+  return count
+end

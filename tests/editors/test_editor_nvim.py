@@ -51,12 +51,15 @@ class Nvim:
         self.sock = str(sock)
         self.proc = proc
 
-    def _remote(self, *args: str) -> str:
+    def _remote(self, *args: str, timeout: float = 30) -> str:
         assert NVIM is not None
         if self.proc.poll() is not None:
             pytest.fail(f"nvim exited with {self.proc.returncode}")
         done = subprocess.run(
-            [NVIM, "--headless", "--server", self.sock, *args], capture_output=True, text=True, timeout=30
+            [NVIM, "--headless", "--server", self.sock, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         return done.stdout
 
@@ -66,6 +69,10 @@ class Nvim:
     def state(self) -> dict:
         raw = self._remote("--remote-expr", "luaeval('dg_test.state()')")
         return json.loads(raw) if raw.strip() else {}
+
+    def completion_count(self) -> int:
+        """Items the server returns at the cursor now (a synchronous textDocument/completion)."""
+        return int(self._remote("--remote-expr", "luaeval('dg_test.completion_count()')", timeout=90))
 
     def edit(self, path: Path) -> dict:
         """Open `path` in normal mode and wait until the server is attached and its model is loaded."""
@@ -187,3 +194,14 @@ def test_fill_code_action_edits_buffer(nvim: Nvim, text_file: Path) -> None:
     )
     assert after["lines"] != before["lines"]
     assert after["lines"][0].startswith(before["lines"][0].rstrip())
+
+
+def test_update_settings_reaches_the_running_server(nvim: Nvim, text_file: Path) -> None:
+    nvim.edit(text_file)
+    nvim.send(":call cursor(1, 999)<CR>")
+    assert nvim.completion_count() > 0
+    # Serving only Python: the plain-text buffer must now get nothing (didChangeConfiguration arrived).
+    nvim.send(":lua require('dg_lsp').update_settings({ enabledLanguages = { 'python', 'rust' } })<CR>")
+    wait_for(nvim.completion_count, lambda n: n == 0, 60, "the server to stop serving plain text", step=1)
+    nvim.send(":lua require('dg_lsp').update_settings({ enabledLanguages = { '*' } })<CR>")
+    wait_for(nvim.completion_count, lambda n: n > 0, 60, "the server to serve plain text again", step=1)

@@ -221,9 +221,13 @@ end
 
 --- Merge `settings` into the running servers' settings and notify them (no restart needed).
 function M.update_settings(settings)
-  M.config.settings = vim.tbl_deep_extend('force', M.config.settings, settings)
+  -- Shallow on purpose: each key replaces the old value (lists such as enabledLanguages included).
+  for key, value in pairs(settings) do
+    M.config.settings[key] = value
+  end
   for _, client in ipairs(vim.lsp.get_clients({ name = M.name })) do
-    client.settings = vim.tbl_deep_extend('force', client.settings or {}, { dgLsp = settings })
+    client.settings = client.settings or {}
+    client.settings.dgLsp = vim.deepcopy(M.config.settings)
     client:notify('workspace/didChangeConfiguration', { settings = client.settings })
   end
 end
@@ -275,8 +279,16 @@ function M.setup(opts)
     vim.notify('dg-lsp: needs Neovim >= 0.11 (vim.lsp.config)', vim.log.levels.ERROR)
     return
   end
-  M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts or {})
-  if opts and opts.keymaps == false then
+  opts = opts or {}
+  M.config = vim.tbl_deep_extend('force', vim.deepcopy(M.defaults), opts)
+  -- Lists (and the flat settings table) replace the defaults; deep-extend would merge them index by
+  -- index, so a shorter `cmd` would keep the default's tail.
+  for _, key in ipairs({ 'cmd', 'filetypes', 'root_markers', 'settings' }) do
+    if opts[key] ~= nil then
+      M.config[key] = vim.deepcopy(opts[key])
+    end
+  end
+  if opts.keymaps == false then
     M.config.keymaps = false
   end
   local settings = M.config.settings
