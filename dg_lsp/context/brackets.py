@@ -111,3 +111,46 @@ def leading_closers(text: str, language: str | None) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def open_quote(line: str, language: str | None) -> str:
+    """The quote a string left open at the end of `line` started with ('' when none, or in a comment).
+
+    For unterminated strings, where tree-sitter has only an ERROR node to offer.
+    """
+    line_comments = _LINE_COMMENT.get(language or "", ("//", "#"))
+    i, n = 0, len(line)
+    while i < n:
+        ch = line[i]
+        if language == "python" and line.startswith(('"""', "'''"), i):
+            end = line.find(line[i:i + 3], i + 3)
+            if end < 0:
+                return line[i:i + 3]
+            i = end + 3
+            continue
+        if ch in "\"'`":
+            if ch == "'" and language == "rust" and not _RUST_CHAR.match(line, i):
+                i += 1
+                continue
+            # f-strings and template literals hold code between braces: `f"{x.`, `${a.`
+            fmt = (language == "python" and line[max(i - 2, 0):i].lower().count("f") > 0) or ch == "`"
+            depth = 0
+            j = i + 1
+            while j < n and (depth or line[j] != ch):
+                c = line[j]
+                if fmt and c == "{" and not line.startswith("{{", j):
+                    depth += 1
+                elif fmt and c == "}" and depth:
+                    depth -= 1
+                elif fmt and c == "{":
+                    j += 1  # `{{` is a literal brace
+                j += 2 if c == "\\" and not depth and not (language == "bash" and ch == "'") else 1
+            if j >= n:
+                return "" if depth else ch
+            i = j + 1
+            continue
+        if any(line.startswith(m, i) for m in line_comments):
+            if not (language == "bash" and i > 0 and not line[i - 1].isspace()):
+                return ""
+        i += 1
+    return ""

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import tree_sitter
 
-from dg_lsp.context.brackets import unmatched_openers
+from dg_lsp.context.brackets import open_quote, unmatched_openers
 from dg_lsp.context.documents import DocumentSnapshot
 
 
@@ -262,6 +262,23 @@ def _near_error(snapshot: DocumentSnapshot, b: int) -> bool:
     return node is not None and (node.has_error or any(a.is_error or a.is_missing for a in ancestors(node)))
 
 
+def _line_has_error(snapshot: DocumentSnapshot, start: int, end: int) -> bool:
+    """Whether an ERROR or MISSING node lies on the line `[start, end]` (an unterminated string...)."""
+    root = snapshot.tree.root_node  # type: ignore[union-attr]
+    if not root.has_error:
+        return False
+    lo, hi = snapshot.to_byte(start), snapshot.to_byte(end)
+    stack = [root.descendant_for_byte_range(lo, hi) or root]
+    while stack:
+        node = stack.pop()
+        if node.end_byte < lo or node.start_byte > hi:
+            continue
+        if node.is_error or node.is_missing:
+            return True
+        stack.extend(c for c in node.children if c.has_error or c.is_missing)
+    return False
+
+
 def _function_owning(snapshot: DocumentSnapshot, b: int) -> tree_sitter.Node | None:
     """The function whose (empty or docstring-only) body the position just after byte `b` starts."""
     node = snapshot.tree.root_node.descendant_for_byte_range(b, b)  # type: ignore[union-attr]
@@ -297,7 +314,16 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
         container = _container(snapshot, b)
     else:
         container = None
-    if container is None and (tree is None or _near_error(snapshot, b)):
+    untrusted = tree is None or _near_error(snapshot, b) or _line_has_error(snapshot, line_start, line_end)
+    if untrusted:
+        quote = open_quote(before, snapshot.language)
+        if len(quote) == 3:
+            prev = text[:line_start].rstrip()
+            docstring = snapshot.language == "python" and (prev.endswith(":") or not prev)
+            return kind("docstring" if docstring else "string", quote=quote, single_line=False, max_tokens=48)
+        if quote:
+            return kind("string", quote=quote)
+    if container is None and untrusted:
         container = _container_from_text(text, offset, snapshot.language)
     if container is not None:
         return kind(container, single_line=inline)

@@ -51,6 +51,12 @@ def _line_start(text: str, offset: int) -> int:
     return text.rfind("\n", 0, offset) + 1
 
 
+def _first_child_ending_after(node: tree_sitter.Node, byte: int) -> tree_sitter.Node | None:
+    """What `Node.first_child_for_byte` should return: py-tree-sitter 0.26.1 segfaults when no child
+    ends after `byte` (it returns the null node unchecked), so that method is not used."""
+    return next((c for c in node.children if c.end_byte > byte), None)
+
+
 def _line_aligned_start(snapshot: DocumentSnapshot, node: tree_sitter.Node | None) -> int | None:
     """Start of the first node from `node` on (siblings) that begins its own line."""
     text = snapshot.text
@@ -79,7 +85,7 @@ def _boundary_after(snapshot: DocumentSnapshot, cut: int, slack: int) -> int:
     node = snapshot.tree.root_node
     best = None  # the closest boundary seen so far (deeper levels are closer)
     while True:
-        child = node.first_child_for_byte(cut_b)
+        child = _first_child_ending_after(node, cut_b)
         if child is None:
             break
         if child.start_byte >= cut_b:
@@ -106,7 +112,7 @@ def _boundary_before(snapshot: DocumentSnapshot, cut: int) -> int:
     cut_b = snapshot.to_byte(cut)
     node = snapshot.tree.root_node
     while True:
-        child = node.first_child_for_byte(cut_b)  # first child that ends after cut
+        child = _first_child_ending_after(node, cut_b)
         if child is None:
             return fallback
         if child.start_byte >= cut_b:

@@ -25,6 +25,8 @@ CASES = [
     ("python", "x = 1  # the <|>\n", "comment", True),
     ("python", 'def f():\n    """Return the <|>\n    """\n', "docstring", False),
     ("python", "result = call(a, <|>\n", "argument_list", True),
+    ("python", 'x = "abc<|>\ny = 2\n', "string", True),  # unterminated: the tree only has ERROR
+    ("python", 'def f():\n    """<|>\n\nx = 1\n', "docstring", False),
     ("python", "x = foo(a,\n      <|>\n", "argument_list", False),
     ("python", "def broken(:\n    pass\n\nx = [\n    1,\n]\n<|>\n", "empty_line", False),  # error far away
     # JavaScript
@@ -33,6 +35,7 @@ CASES = [
     ("javascript", "console.log('sum', <|>);\n", "argument_list", True),
     ("javascript", "const s = `hi ${name<|>}`;\n", "line_rest", True),
     ("javascript", "const greeting = \"Hello, <|>\";\n", "string", True),
+    ("javascript", "const s = `a ${user.<|>\n", "line_rest", True),
     ("javascript", "// compute the <|>\nlet x = 1;\n", "comment", True),
     ("javascript", "function f(a) {\n  const b = a * 2;\n  <|>\n  return b;\n}\n", "empty_line", False),
     ("javascript", "if (ready) {<|>\n}\n", "block", False),
@@ -59,6 +62,7 @@ CASES = [
     ("c", "#include <stdio.h>\nint main(void) {\n  printf(\"%d\\n\", <|>);\n}\n", "argument_list", True),
     ("c", "int sum(int *a, int n) {\n  <|>\n}\n", "function_body", False),
     ("c", "int xs[] = {1, 2, <|>};\n", "brackets", True),
+    ("c", "char *s = \"abc<|>\nint y;\n", "string", True),
     ("c", "int main(void) {\n  /* count the <|> */\n  return 0;\n}\n", "comment", True),
     # C++
     ("cpp", "#include <vector>\nstd::vector<int> v{1, <|>};\n", "brackets", True),
@@ -135,3 +139,24 @@ def test_plain_text_has_line_kinds():
     assert build_context(text, text.index("note") + 4).span.name == "line_rest"
     assert build_context(text, text.index("\n\n") + 1).span.name == "empty_line"
     assert build_context(text, 3).language is None
+
+
+@pytest.mark.parametrize(
+    ("line", "language", "quote"),
+    [
+        ("x = 'ab", "python", "'"),
+        ("name = f'{user.", "python", ""),  # code inside an f-string
+        ("name = f'{user.name} is ", "python", "'"),
+        ("x = f'{{literal", "python", "'"),
+        ('    """Summary', "python", '"""'),
+        ("s = `a ${b.", "javascript", ""),
+        ('x = "a\\"b', "c", '"'),
+        ("fn f<'a>(x: &'a str) { let s = \"ab", "rust", '"'),  # lifetimes are not quotes
+        ("echo it's # done", "bash", "'"),
+        ("x = 1  # it's", "python", ""),  # in a comment
+    ],
+)
+def test_open_quote(line, language, quote):
+    from dg_lsp.context.brackets import open_quote
+
+    assert open_quote(line, language) == quote
