@@ -2,10 +2,12 @@
 
 DiffusionGemma needs two things the bitsandbytes defaults get wrong:
 - its encoder and decoder share (tie) every layer weight, and transformers' default skip list keeps every
-  tied module in full precision, i.e. almost the whole model: we pass an explicit skip list instead;
+  tied module in full precision, i.e. almost the whole model: we pass an explicit skip list instead
+  (`bnb_config`, for the transformers loading path) and quantize each tied pair once (`quantize_to_cuda_`);
 - its MoE experts are 3-D `nn.Parameter`s (experts x out x in), not `nn.Linear`, so bitsandbytes never
   sees them although they hold most of the 26B parameters: `QuantizedExperts` stores them per expert,
   quantized, and dequantizes only the experts a token is routed to.
+The CUDA paths need a GPU and bitsandbytes and are not exercised by the CPU test suite.
 """
 
 from __future__ import annotations
@@ -210,37 +212,112 @@ def module_bytes(model: nn.Module) -> int:
     return total
 
 
+# -- CUDA (bitsandbytes) ----------------------------------------------------------------------------
+
+
+def _bnb_linear(linear: nn.Linear, kind: str, device: torch.device, compute_dtype: torch.dtype) -> nn.Module:
+    """A bitsandbytes linear holding `linear`'s weight, quantized as it moves to `device`."""
+    import bitsandbytes as bnb
+
+    has_bias = linear.bias is not None
+    if kind == "nf4":
+        new = bnb.nn.Linear4bit(
+            linear.in_features, linear.out_features, has_bias, compute_dtype=compute_dtype, quant_type="nf4"
+        )
+        new.weight = bnb.nn.Params4bit(
+            linear.weight.data.to(compute_dtype),
+            requires_grad=False,
+            quant_type="nf4",
+            compress_statistics=True,
+        )
+    else:
+        new = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, has_bias, has_fp16_weights=False)
+        new.weight = bnb.nn.Int8Params(
+            linear.weight.data.to(torch.float16), requires_grad=False, has_fp16_weights=False
+        )
+    if has_bias:
+        new.bias = nn.Parameter(linear.bias.data.to(compute_dtype), requires_grad=False)
+    return new.to(device)
+
+
+def quantization_plan(model: nn.Module, skip: list[str] | None = None) -> dict[str, list[str]]:
+    """What `quantize_to_cuda_` will do, computable without a GPU: unique linears to quantize (tied copies
+    listed once), their tied aliases, and the expert modules whose 3-D banks get quantized per expert."""
+    targets = set(linear_targets(model, skip))
+    first: dict[int, str] = {}
+    aliases: list[str] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name in targets:
+            key = id(module.weight)
+            if key in first:
+                aliases.append(name)
+            else:
+                first[key] = name
+    experts: dict[int, str] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        bank = getattr(module, "gate_up_proj", None)
+        if isinstance(bank, nn.Parameter) and bank.ndim == 3:
+            experts.setdefault(id(bank), name)
+    return {"linears": list(first.values()), "tied_aliases": aliases, "experts": list(experts.values())}
+
+
+def quantize_to_cuda_(
+    model: nn.Module, kind: str, device: torch.device, compute_dtype: torch.dtype = torch.bfloat16
+) -> dict[str, int]:
+    """Quantize a CPU-resident model onto the GPU module by module, so GPU memory never holds an
+    unquantized copy: targeted linears become bitsandbytes layers (tied encoder/decoder copies share
+    one), expert banks become per-expert NF4/int8, the rest moves in `compute_dtype`.
+    Needs CUDA and bitsandbytes; untested in CI (no GPU there)."""
+    targets = set(linear_targets(model))
+    done: dict[int, nn.Module] = {}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if name in targets:
+            key = id(module.weight)
+            if key not in done:
+                done[key] = _bnb_linear(module, kind, device, compute_dtype)
+            model.set_submodule(name, done[key])
+    experts = quantize_experts_(
+        model, lambda w: Nf4Bank(w, device) if kind == "nf4" else Int8Bank(w.to(compute_dtype).to(device))
+    )
+    model.to(device)
+    return {"linears": len(done), "expert_modules": experts}
+
+
+def auto_kind(checkpoint_bytes: int, free_gpu_bytes: int | None) -> str:
+    """`auto` quantization: nothing on CPU; on CUDA, NF4 when the checkpoint (plus ~20% for activations and
+    caches) would not fit in free GPU memory, else none."""
+    if free_gpu_bytes is None:
+        return "none"
+    return "nf4" if checkpoint_bytes * 1.2 > free_gpu_bytes else "none"
+
+
+def checkpoint_bytes(model_dir: Path) -> int:
+    return sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+
+
 # -- loading --------------------------------------------------------------------------------------
 
 
 def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype: torch.dtype | None = None):
-    """Load `DiffusionGemmaForBlockDiffusion` on `device` with `kind` quantization; return (model, kind)."""
+    """Load `DiffusionGemmaForBlockDiffusion` on `device` with `kind` quantization; return (model, kind).
+
+    8bit/nf4 load on CPU first (needs CPU RAM about the checkpoint's size) and quantize onto the GPU,
+    since bitsandbytes alone would leave the 3-D expert banks unquantized on the GPU, which is what
+    does not fit for 26B-A4B.
+    """
     from transformers import DiffusionGemmaForBlockDiffusion
 
+    cuda = str(device).startswith("cuda")
+    if kind == "auto" and cuda:
+        free, _ = torch.cuda.mem_get_info(device)
+        kind = auto_kind(checkpoint_bytes(model_dir), free)
     kind = resolve_kind(kind, device)
     if kind in ("8bit", "nf4"):
-        # Experts are loaded on CPU first (bitsandbytes would put them on the GPU unquantized, which is
-        # what does not fit), then quantized per expert straight onto the GPU.
-        model = DiffusionGemmaForBlockDiffusion.from_pretrained(
-            model_dir,
-            quantization_config=bnb_config(kind),
-            dtype=dtype or torch.bfloat16,
-            device_map=_expert_offload_map(model_dir, device),
-        )
-        quantize_experts_(model, lambda w: Nf4Bank(w, device) if kind == "nf4" else Int8Bank(w.to(device)))
+        model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.bfloat16)
+        quantize_to_cuda_(model, kind, device, compute_dtype=dtype or torch.bfloat16)
         return model.eval(), kind
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.float32)
+    default = torch.bfloat16 if cuda else torch.float32
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or default)
     if kind == "int8":
         quantize_cpu_int8_(model)
     return model.to(device).eval(), kind
-
-
-def _expert_offload_map(model_dir: Path, device: torch.device) -> dict[str, str]:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(model_dir).get_text_config()
-    mapping = {"": str(device)}
-    for i in range(cfg.num_hidden_layers):
-        mapping[f"model.decoder.layers.{i}.experts"] = "cpu"
-        mapping[f"model.encoder.language_model.layers.{i}.experts"] = "cpu"
-    return mapping

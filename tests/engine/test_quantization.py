@@ -106,3 +106,26 @@ def test_engine_loads_int8_from_settings(tiny_dg_dir):
     assert engine.describe()["quantization"] == "int8"
     result = engine.infill(InfillRequest("x = ", "\n", max_tokens=8, steps=2))
     assert result.stats.forward_passes == 2 and len(result.candidates[0].token_ids) <= 8
+
+
+def test_cuda_plan_quantizes_each_tied_pair_once_and_every_expert_bank(fp32):
+    plan = q.quantization_plan(fp32)
+    modules = dict(fp32.named_modules(remove_duplicate=False))
+    layers = fp32.config.get_text_config().num_hidden_layers
+    assert len(plan["experts"]) == layers  # encoder and decoder share each layer's bank
+    assert plan["tied_aliases"]  # the encoder's linears are the decoder's
+    unique = {id(modules[n].weight) for n in plan["linears"]}
+    assert len(unique) == len(plan["linears"])
+    assert all(id(modules[n].weight) in unique for n in plan["tied_aliases"])
+    covered = {id(modules[n].gate_up_proj) for n in plan["experts"]}
+    banks = {
+        id(p) for n, p in fp32.named_parameters(remove_duplicate=False) if n in q.expert_parameters(fp32)
+    }
+    assert {id(modules[n].gate_up_proj) for n in plan["experts"]} == covered and covered <= banks
+
+
+def test_auto_quantization_rule():
+    gib = 1 << 30
+    assert q.auto_kind(52 * gib, None) == "none"  # CPU
+    assert q.auto_kind(52 * gib, 23 * gib) == "nf4"  # 26B-A4B bf16 on a 24 GB card
+    assert q.auto_kind(1 * gib, 23 * gib) == "none"
