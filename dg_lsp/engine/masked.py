@@ -11,6 +11,9 @@ Dual cache (Fast-dLLM): when the model's forward accepts `past_key_values`, the 
 pass whose prefix and suffix keys/values are kept; later steps feed only the canvas (plus, when
 shifted, the token before it) against that context. With the context unchanged this reproduces the
 full pass exactly; as the canvas fills in it is an approximation (the context KV is not refreshed).
+Per document, that first pass's KV is kept too: the next request (the user typed on) reuses the KV of
+the common token prefix and computes only the rest. Bidirectional attention makes this approximate as
+well (the kept prefix KV saw the old tail); `use_prompt_cache=False` turns it off.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import torch
 
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt
-from dg_lsp.engine.kv import new_cache
+from dg_lsp.engine.cache import LRU, common_prefix_len
+from dg_lsp.engine.kv import KVSnapshot, new_cache, restore
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 
 log = logging.getLogger(__name__)
@@ -92,7 +96,7 @@ class MaskedDiffusionEngine(LocalEngine):
         sampler: MaskedSamplerConfig | None = None,
         use_continuation_cache: bool = True,
     ):
-        super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=False)
+        super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=True)
         from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
         from dg_lsp.engine import quantization as quant
@@ -136,6 +140,8 @@ class MaskedDiffusionEngine(LocalEngine):
         self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
         self.max_prompt_tokens = max_prompt_tokens
         self.supports_kv = "past_key_values" in inspect.signature(self.model.forward).parameters
+        self.prompt_cache: LRU[KVSnapshot] = LRU(8)
+        self._last_full = None
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
@@ -159,6 +165,10 @@ class MaskedDiffusionEngine(LocalEngine):
         self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=8))
         self.reset_caches()
 
+    def reset_caches(self) -> None:
+        super().reset_caches()
+        self.prompt_cache.clear()
+
     def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
         """Token ids `[bos] prefix [MASK]*length suffix` and the index of the first mask."""
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
@@ -167,9 +177,19 @@ class MaskedDiffusionEngine(LocalEngine):
         head = self.bos + pre
         return head + [self.mask_id] * length + suf, len(head)
 
-    def _canvas_logits(self, x: torch.Tensor, start: int, length: int, ctx: list | None, refresh: bool):
+    def _canvas_logits(
+        self,
+        x: torch.Tensor,
+        start: int,
+        length: int,
+        ctx: list | None,
+        refresh: bool,
+        doc: tuple[KVSnapshot | None, int] = (None, 0),
+    ):
         """Logits for the canvas positions; (logits, ctx). A full pass when `ctx` is None or `refresh`
-        (returning fresh context KV when the dual cache is on), else a canvas-only pass against `ctx`."""
+        (returning fresh context KV when the dual cache is on), else a canvas-only pass against `ctx`.
+        `doc` = (snapshot, keep): the first `keep` positions' KV from this document's previous request,
+        reused instead of recomputed in that full pass (approximate, like the dual cache itself)."""
         lo = start - 1 if self.shift else start  # shifted: the token before the canvas predicts its first
         hi = start + length
         dual = self.cfg.dual_cache and self.supports_kv
@@ -182,8 +202,12 @@ class MaskedDiffusionEngine(LocalEngine):
             return logits[:, :length], ctx
         if dual:
             try:
-                cache = new_cache(self.model.config, record=True)
-                logits = self.model(input_ids=x, past_key_values=cache, use_cache=True).logits
+                snap, keep = doc
+                keep = min(keep, lo) if snap is not None else 0
+                cache = restore(self.model.config, snap, keep, batch=x.shape[0])
+                pos = torch.arange(keep, x.shape[1], device=self.device).unsqueeze(0)
+                logits = self.model(input_ids=x[:, keep:], past_key_values=cache, position_ids=pos).logits
+                self._last_full = cache
                 ctx = [
                     (
                         torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
@@ -191,7 +215,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     )
                     for la in cache.layers
                 ]
-                return logits[:, lo : lo + length], ctx
+                return logits[:, lo - keep : lo - keep + length], ctx
             except Exception as exc:  # remote code with its own cache format: fall back for good
                 log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
                 self.supports_kv = False
@@ -216,12 +240,23 @@ class MaskedDiffusionEngine(LocalEngine):
         logp_n = torch.zeros(batch, device=self.device)
         self.last_commits = []
         ctx = None
+        doc: tuple[KVSnapshot | None, int] = (None, 0)
+        reuse = self.use_prompt_cache and cfg.dual_cache and self.supports_kv
+        if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
+            doc = (snap, common_prefix_len(snap.ids, ids))
         with torch.inference_mode():
             for step in range(steps):
                 check()
                 t0 = time.perf_counter()
                 refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
-                logits, ctx = self._canvas_logits(x, start, length, ctx, refresh)
+                self._last_full = None
+                logits, ctx = self._canvas_logits(
+                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0)
+                )
+                if step == 0 and self._last_full is not None:
+                    stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
+                    if reuse and request.doc_key is not None:
+                        self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
                 logits = logits.float()
                 stats.forward_passes += 1
                 logp = torch.log_softmax(logits, dim=-1)
@@ -260,6 +295,15 @@ class MaskedDiffusionEngine(LocalEngine):
             cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
+
+
+def _row0_snapshot(cache, ids: list[int]) -> KVSnapshot:
+    """Batch row 0 of a full-pass cache (prefix and suffix are the same in every row at the first step)."""
+    return KVSnapshot(
+        ids=list(ids),
+        keys=[layer.keys[:1] for layer in cache.layers],
+        values=[layer.values[:1] for layer in cache.layers],
+    )
 
 
 def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:

@@ -182,3 +182,22 @@ def test_dual_cache_end_to_end(tiny_bidirectional_dir):
     assert all(n == full_len for n in seen[cached.stats.forward_passes :])
     assert refreshed.candidates[0].token_ids == plain.candidates[0].token_ids
     assert cached.stats.forward_passes == plain.stats.forward_passes
+
+
+def test_document_kv_reuse(tiny_bidirectional_dir):
+    """The first full pass reuses the previous request's prefix KV: exact when nothing changed, and
+    counted (approximate) when the user typed on."""
+    engine = MaskedDiffusionEngine(tiny_bidirectional_dir, use_continuation_cache=False)
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=4, doc_key="doc")
+    engine.use_prompt_cache = False
+    plain = engine.infill(request)
+    engine.use_prompt_cache = True
+    first = engine.infill(request)
+    again = engine.infill(request)
+    _, start = engine.canvas(request, 16)
+    assert first.stats.reused_prompt_tokens == 0 and again.stats.reused_prompt_tokens == start
+    assert plain.candidates[0].token_ids == first.candidates[0].token_ids == again.candidates[0].token_ids
+    typed = engine.infill(dataclasses.replace(request, prefix=PREFIX + "a +"))
+    assert 0 < typed.stats.reused_prompt_tokens < start + 3
+    engine.reset_caches()
+    assert engine.infill(request).stats.reused_prompt_tokens == 0
