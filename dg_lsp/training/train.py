@@ -125,7 +125,12 @@ def make_optimizer(cfg: TrainConfig, model) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def _smooth(ys: list[float], k: int) -> list[float]:
+    return [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
+
+
 def plot_history(history: list[dict], path: Path, title: str) -> None:
+    """Train curves per loss term (smoothed) and the held-out losses, on one nats axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,17 +138,22 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     train = [h for h in history if "loss" in h]
-    if train:
-        k = max(1, len(train) // 100)
-        xs = [h["step"] for h in train]
-        ys = [h["loss"] for h in train]
-        smooth = [
-            sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))
-        ]
-        ax.plot(xs, smooth, label="train loss (total)")
+    k = max(1, len(train) // 60)
+    diffusion = bool(train) and not math.isnan(train[0].get("canvas", math.nan))
+    series = (
+        [("canvas", "train canvas CE"), ("ar", "train encoder AR CE")]
+        if diffusion
+        else [("ar", "train PSM next-token CE")]
+    )
+    for key, label in series:
+        ax.plot([h["step"] for h in train], _smooth([h[key] for h in train], k), label=label)
     valid = [h for h in history if "valid_loss" in h]
     if valid:
-        ax.plot([h["step"] for h in valid], [h["valid_loss"] for h in valid], "o-", label="held-out loss")
+        steps = [h["step"] for h in valid]
+        label = "held-out canvas CE" if diffusion else "held-out middle+EOS CE"
+        ax.plot(steps, [h["valid_loss"] for h in valid], "o-", label=label)
+        ar_label = "held-out encoder AR CE" if diffusion else "held-out PSM CE"
+        ax.plot(steps, [h["valid_ar_loss"] for h in valid], "s--", label=ar_label)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
     ax.set_title(title)
