@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import platform
 import shlex
@@ -115,7 +116,7 @@ def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100 * len(ordered))))
     return ordered[rank - 1]
 
 

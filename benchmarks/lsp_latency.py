@@ -351,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=defaults.denoising_steps)
     ap.add_argument("--budget-ms", type=int, default=defaults.latency_budget_ms)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--logs", type=Path, help="keep the servers' logs (per-request engine stats) here")
     ap.add_argument("--out", type=Path, default=common.RESULTS)
     args = ap.parse_args(argv)
     typing = Typing()
@@ -371,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
             print("no dg-lsp model found: train one (dg_lsp/training/README.md) or pass --diffusion/--ar")
             return 2
         files = real_files(args.smoke)
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
         lines, meta = common.header("End-to-end latency over LSP (replayed typing)")
         runs = []
         for spec in models:
             print(f"typing session against {spec.label} ({spec.path})", flush=True)
             run = asyncio.run(run_model(spec.label, spec.path, files, args.lines_per_file, settings, typing,
-                                        args.seed, tmp_path, line_len))  # fmt: skip
+                                        args.seed, args.logs or tmp_path, line_len))  # fmt: skip
             runs.append(run)
 
     summaries = {r.label: summarise(r, args.budget_ms) for r in runs}

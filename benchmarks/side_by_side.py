@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -207,22 +208,35 @@ def summarise_quality(
     return suites
 
 
-def measure_quality(contenders: list[Contender], tasks: list[mq.Task], opts: dict, threads: int) -> dict:
+def contender_outcomes(c: Contender, tasks: list[mq.Task], opts: dict, threads: int) -> list[mq.Outcome]:
     import torch
 
+    if c.kind == PEER:
+        return peer_outcomes(c, tasks, opts, threads)
+    torch.set_num_threads(threads)
+    _, outcomes = mq.evaluate_model(c.kind, c.path, tasks, {**opts, "steps": c.steps or opts["steps"]})
+    return outcomes
+
+
+def measure_quality(
+    contenders: list[Contender], tasks: list[mq.Task], opts: dict, threads: int, jobs: int
+) -> dict:
+    """Quality does not depend on timing, so contenders may run in parallel processes (spawned: no
+    fork after torch's thread pools exist)."""
+    import multiprocessing
+
     languages = {t.task_id: task_language(t) for t in tasks}
-    results = {}
-    for c in contenders:
-        if c.kind == PEER:
-            outcomes = peer_outcomes(c, tasks, opts, threads)
-        else:
-            torch.set_num_threads(threads)
-            _, outcomes = mq.evaluate_model(
-                c.kind, c.path, tasks, {**opts, "steps": c.steps or opts["steps"]}
-            )
-        results[c.label] = {"suites": summarise_quality(tasks, outcomes, languages),
-                            "outcomes": [asdict(o) for o in outcomes]}  # fmt: skip
-    return results
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(contender_outcomes, c, tasks, opts, threads) for c in contenders]
+            all_outcomes = [f.result() for f in futures]
+    else:
+        all_outcomes = [contender_outcomes(c, tasks, opts, threads) for c in contenders]
+    return {
+        c.label: {"suites": summarise_quality(tasks, outcomes, languages),
+                  "outcomes": [asdict(o) for o in outcomes]}
+        for c, outcomes in zip(contenders, all_outcomes, strict=True)
+    }  # fmt: skip
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -290,6 +304,50 @@ def quality_table(quality: dict) -> list[str]:
     overall = [f"{100 * quality[lb]['suites']['all']['keeps_parsing']:.1f}%" for lb in labels]
     rows.append(["all", quality[labels[0]]["suites"]["all"]["tasks"], "keeps_parsing", *overall])
     return common.md_table(["suite", "tasks", "metric", *labels], rows, "lrl" + "r" * len(labels))
+
+
+def mean_score(suites: dict) -> float:
+    """One number per model: the mean of HumanEval pass@1 per suite and held-out edit similarity."""
+    vals = [v["pass@1"] for k, v in suites.items() if "pass@1" in v]
+    vals += [v["edit_similarity"] for k, v in suites.items() if k == "held-out"]
+    return statistics.fmean(vals) if vals else float("nan")
+
+
+def matched_quality(quality: dict, summary: dict, contenders: list[Contender]) -> list[str]:
+    """Quality next to speed, and the diffusion setting closest in quality to the AR twin."""
+    rows = []
+    for c in contenders:
+        per = summary.get(c.label, {})
+        rows.append(
+            [c.label, f"{100 * mean_score(quality[c.label]['suites']):.1f}%"]
+            + [per[n]["median_cpu_ms"] if n in per else float("nan") for n in (32, 128)]
+        )
+    lines = common.md_table(
+        ["model", "mean score", "CPU ms / 32-token span", "CPU ms / 128-token span"], rows
+    )
+    ar = next((c for c in contenders if c.kind == "ar"), None)
+    diff = [c for c in contenders if c.kind == "diffusion"]
+    if ar and diff:
+        target = mean_score(quality[ar.label]["suites"])
+        best = min(diff, key=lambda c: abs(mean_score(quality[c.label]["suites"]) - target))
+        ratios = [
+            summary[ar.label][n]["median_cpu_ms"] / summary[best.label][n]["median_cpu_ms"]
+            for n in (32, 128)
+            if n in summary.get(ar.label, {}) and n in summary.get(best.label, {})
+        ]
+        lines += [
+            "",
+            "Mean score = mean of HumanEval pass@1 per suite and held-out edit similarity. Closest "
+            f"diffusion setting to the AR twin's {100 * target:.1f}%: {best.label} "
+            f"({100 * mean_score(quality[best.label]['suites']):.1f}%)"
+            + (
+                f"; there the AR twin takes {' / '.join(f'{r:.2f}x' for r in ratios)} the diffusion "
+                "model's CPU time for 32 / 128-token spans."
+                if ratios
+                else "."
+            ),
+        ]
+    return lines
 
 
 def plot(summary: dict, quality: dict | None, spans: tuple[int, ...], path: Path) -> None:
@@ -374,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=16, help="default denoising steps")
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2, help="processes for the quality part (not timed)")
     ap.add_argument("--corpus", type=Path, default=common.ROOT / "data/corpus")
     ap.add_argument("--out", type=Path, default=common.RESULTS)
     args = ap.parse_args(argv)
@@ -382,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         spans = (8, 32)
         args.sites, args.repeats, args.spans, args.diffusion_steps = 1, 1, 0, [4]
         args.single_every, args.multi_every, args.light_every = 400, 0, 0
-        args.max_tokens = 16
+        args.max_tokens, args.jobs = 16, 1
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="dg-bench-") as tmp:
@@ -412,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"quality: {len(contenders)} models x {len(tasks)} tasks")
             quality = measure_quality(
                 contenders, tasks, {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-                                    "steps": args.steps}, args.threads,
+                                    "steps": args.steps}, args.threads, args.jobs,
             )  # fmt: skip
         wall = time.perf_counter() - start
 
@@ -450,6 +509,10 @@ def main(argv: list[str] | None = None) -> int:
             "natural-stop infill.",
             "",
             *quality_table(quality),
+            "",
+            "## Quality and speed together",
+            "",
+            *matched_quality(quality, speed_summary, contenders),
             "",
         ]
     lines += ["![side by side](side_by_side.png)", ""]
