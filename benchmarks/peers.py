@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LABEL = "SmolLM2-135M Q4_1 (llama.cpp)"
+LABEL = "SmolLM2-135M-Instruct Q4_1 (llama.cpp)"
 TOP_LEVEL = re.compile(r"\n(?=(def |class |if __name__|print\(|assert |#|@))")
 
 
