@@ -38,6 +38,16 @@ def _setup_logging(level: str, log_file: str | None) -> None:
         pass
 
 
+def _force_offline() -> None:
+    """The server never downloads: only local directories are loaded, whatever the environment says.
+
+    Set before anything imports huggingface_hub, which reads these variables once at import.
+    """
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ[name] = "1"
+    os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
+
+
 def _settings_from_args(args: argparse.Namespace):
     from dg_lsp.settings import Settings
 
@@ -111,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in (None, "serve"):
+        _force_offline()
     _setup_logging(args.log_level, args.log_file)
     if args.command == "complete":
         return cmd_complete(args)
@@ -138,14 +150,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return 2
             log.warning("listening on %s: anyone who can reach it can read the documents you send", args.host)
         server = create_server(settings)
-        server.start_tcp(args.host, args.port)
-        return 0
+        return server.start_tcp(args.host, args.port)
     # Keep the protocol stream clean: anything a library prints goes to stderr instead.
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr
     server = create_server(settings)
-    server.start_io(sys.stdin.buffer, stdout)
-    return 0
+    return server.start_io(sys.stdin.buffer, stdout)
 
 
 def _is_loopback(host: str) -> bool:

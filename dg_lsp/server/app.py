@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
+import threading
 import uuid
 from typing import Any
 
 from lsprotocol import types
+from pygls.exceptions import JsonRpcException, JsonRpcInternalError
+from pygls.io_ import StdoutWriter
 from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from dg_lsp import __version__, pipeline
 from dg_lsp.engine.loader import load_engine
 from dg_lsp.engine.types import Cancelled
-from dg_lsp.server import actions
+from dg_lsp.server import actions, transport
 from dg_lsp.server.documents import DocumentStore
 from dg_lsp.server.worker import ModelWorker, NotReady
 from dg_lsp.settings import Settings
@@ -26,17 +32,58 @@ from dg_lsp.settings import Settings
 log = logging.getLogger(__name__)
 
 APPLY_ACTION_COMMAND = "dg-lsp.applyAction"
+CLIENT_POLL_S = 2.0
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not count: its parent just has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+class DgProtocol(LanguageServerProtocol):
+    """pygls's protocol minus its text store: `DocumentStore` is the one copy of each document.
+
+    pygls's own didChange raises on documents that were never opened, mis-clamps positions past the
+    end of the last line, and would keep a second (stale) copy of every 10 MB file.
+    """
+
+    def _user(self, method: str, params: Any):
+        if (handler := self.fm.features.get(method)) is not None:
+            yield handler, (params,), None
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
+        yield from self._user(types.TEXT_DOCUMENT_DID_CLOSE, params)
 
 
 class DgLanguageServer(LanguageServer):
     def __init__(self, settings: Settings | None = None) -> None:
-        super().__init__("dg-lsp", __version__)
+        super().__init__("dg-lsp", __version__, protocol_cls=DgProtocol)
         self.settings = settings or Settings()
         self.docs = DocumentStore()
         self.worker = ModelWorker()
         self._told: set[str] = set()
         self._loaded_settings: Settings | None = None
         self._load_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
 
     # -- user messages ---------------------------------------------------------------------------
 
@@ -52,8 +99,102 @@ class DgLanguageServer(LanguageServer):
             log.debug("could not send showMessage", exc_info=True)
 
     def report_server_error(self, error: Exception, source: Any) -> None:
+        if isinstance(error, JsonRpcException) and not isinstance(error, JsonRpcInternalError):
+            # The client sent something invalid and got a JSON-RPC error for it: not the user's concern.
+            log.warning("protocol error (%s): %s", getattr(source, "__name__", source), error)
+            return
         log.error("internal error (%s): %s", getattr(source, "__name__", source), error)
         self.tell_once(f"internal:{type(error).__name__}", f"internal error, see the log: {error}")
+
+    # -- transports ------------------------------------------------------------------------------
+
+    def start_io(self, stdin: Any = None, stdout: Any = None) -> int:  # type: ignore[override]
+        """Serve over stdio until `exit` or end of input; return the process exit code."""
+        self._stop_event = threading.Event()
+        self.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+        source = transport.StdioSource(stdin or sys.stdin.buffer)
+        code = 0
+        try:
+            asyncio.run(transport.read_frames(source, self.protocol, self._stop_event))
+            log.info("end of input: the client closed the connection")
+        except SystemExit as exc:
+            code = transport.exit_code(exc)
+        except BrokenPipeError:
+            log.error("connection to the client is lost; shutting down")
+        except KeyboardInterrupt:
+            code = 130
+        finally:
+            self._close()
+        return code
+
+    def start_tcp(self, host: str, port: int) -> int:  # type: ignore[override]
+        """Serve one client at a time over TCP; stop when it disconnects or sends `exit`."""
+        self._stop_event = stop = threading.Event()
+        result = {"code": 0}
+
+        async def serve() -> None:
+            finished = asyncio.Event()
+            busy = asyncio.Lock()
+
+            async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                if busy.locked():  # a second client would hijack the first one's session
+                    log.warning("refusing a second connection from %s", writer.get_extra_info("peername"))
+                    writer.close()
+                    return
+                async with busy:
+                    self.protocol.set_writer(writer)  # type: ignore[arg-type]
+                    try:
+                        await transport.read_frames(transport.StreamSource(reader), self.protocol, stop)
+                    except SystemExit as exc:
+                        result["code"] = transport.exit_code(exc)
+                    finally:
+                        finished.set()
+
+            self._server = server = await asyncio.start_server(
+                connection, host, port, limit=2 * transport.MAX_HEADER_LINE
+            )
+            log.info("serving on %s", ", ".join(str(s.getsockname()) for s in server.sockets))
+            async with server:
+                await finished.wait()
+
+        try:
+            asyncio.run(serve())
+        except KeyboardInterrupt:
+            result["code"] = 130
+        finally:
+            self._server = None
+            self._close()
+        return result["code"]
+
+    def watch_client(self, pid: int | None) -> None:
+        """Exit when the editor process dies, even if something else keeps our stdin open (LSP spec)."""
+        if not pid or pid == os.getpid() or not process_alive(pid):
+            return
+
+        async def watch() -> None:
+            while process_alive(pid):
+                await asyncio.sleep(CLIENT_POLL_S)
+            log.error("client process %d is gone; exiting", pid)
+            self._close()
+            logging.shutdown()
+            os._exit(1)
+
+        self._watch_task = asyncio.get_running_loop().create_task(watch())
+
+    def _close(self) -> None:
+        w = self.worker
+        log.info(
+            "model worker: %d completed, %d cancelled, %d failed, peak queue %d",
+            w.completed,
+            w.cancelled,
+            w.failed,
+            w.peak_pending,
+        )
+        w.stop(timeout=2.0)
+        if self._stop_event is not None:
+            self._stop_event.set()
+        if self._thread_pool:
+            self._thread_pool.shutdown(wait=False, cancel_futures=True)
 
     # -- settings and model loading --------------------------------------------------------------
 
@@ -172,7 +313,10 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
 
     @ls.feature(types.INITIALIZE)
     def initialize(ls: DgLanguageServer, params: types.InitializeParams) -> None:
+        encoding = ls.workspace.position_encoding
+        ls.docs.encoding = str(getattr(encoding, "value", encoding) or "utf-16")
         ls.apply_settings(params.initialization_options)
+        ls.watch_client(params.process_id)
 
     @ls.feature(types.INITIALIZED)
     def initialized(ls: DgLanguageServer, params: types.InitializedParams) -> None:
@@ -198,8 +342,9 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DgLanguageServer, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
-        text = ls.workspace.get_text_document(uri).source  # pygls applied the incremental changes
-        ls.docs.change(uri, params.text_document.version, text)
+        if not ls.docs.apply_changes(uri, params.text_document.version, params.content_changes):
+            log.warning("didChange for a document that is not open: %s", uri)
+            return
         ls.worker.cancel_key(uri)  # whatever it was computing is for text that no longer exists
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)

@@ -66,6 +66,8 @@ class ModelWorker:
         self.max_pending = max_pending
         self.completed = 0
         self.cancelled = 0
+        self.failed = 0
+        self.peak_pending = 0
         self._thread = threading.Thread(target=self._run, name="dg-lsp-model", daemon=True)
         self._thread.start()
 
@@ -120,6 +122,7 @@ class ModelWorker:
                 oldest.cancel()
             job = Job(key, fn)
             self._pending[key] = job
+            self.peak_pending = max(self.peak_pending, len(self._pending))
             self._cond.notify_all()
             return job
 
@@ -188,6 +191,7 @@ class ModelWorker:
                 job.future.set_exception(Cancelled())
             except BaseException as exc:  # a model exception fails this request, not the server
                 log.exception("inference failed")
+                self.failed += 1
                 job.future.set_exception(exc)
             else:
                 self.completed += 1
