@@ -142,6 +142,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.supports_kv = "past_key_values" in inspect.signature(self.model.forward).parameters
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
+        self._newline_ids: set[int] | None = None
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
@@ -168,6 +169,14 @@ class MaskedDiffusionEngine(LocalEngine):
     def reset_caches(self) -> None:
         super().reset_caches()
         self.prompt_cache.clear()
+
+    def newline_ids(self) -> set[int]:
+        """Token ids whose text contains a newline (computed once, on the first single-line request)."""
+        if self._newline_ids is None:
+            vocab = len(self.tokenizer)
+            texts = self.tokenizer.batch_decode([[i] for i in range(vocab)])
+            self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
+        return self._newline_ids
 
     def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
         """Token ids `[bos] prefix [MASK]*length suffix` and the index of the first mask."""
@@ -239,6 +248,8 @@ class MaskedDiffusionEngine(LocalEngine):
         logp_sum = torch.zeros(batch, device=self.device)
         logp_n = torch.zeros(batch, device=self.device)
         self.last_commits = []
+        # single-line spans: the caller cuts at the first newline, so masks after one are tail as well
+        stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
         ctx = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and cfg.dual_cache and self.supports_kv
@@ -276,7 +287,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 logp_n += commit.sum(dim=-1)
                 masked &= ~commit
                 self.last_commits.append(int(commit[0].sum()))
-                fill_after_stop(canvas, masked, self.stop_ids, self.fill_id)
+                fill_after_stop(canvas, masked, stops, self.fill_id)
                 x[:, span] = canvas
                 step_ms = (time.perf_counter() - t0) * 1000
                 self.ms_per_step = (
@@ -310,10 +321,7 @@ def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[in
     """Variable length: masks after a committed stop token are EOS tail; fill them in place."""
     if not stop_ids:
         return
-    stops = torch.zeros_like(masked)
-    for s in stop_ids:
-        stops |= canvas == s
-    stops &= ~masked
+    stops = torch.isin(canvas, torch.tensor(sorted(stop_ids), device=canvas.device)) & ~masked
     tail = (stops.cumsum(dim=-1) > 0) & masked
     canvas[tail] = fill_id
     masked &= ~tail

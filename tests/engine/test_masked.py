@@ -125,6 +125,17 @@ def test_fill_after_stop_fills_only_the_tail():
     assert masked.tolist() == [[False] * 4, [True] * 4, [False, True, False, False]]
 
 
+def test_fill_after_any_of_several_stops_and_newline_ids(masked_engine):
+    canvas = torch.tensor([[5, 9, 6, 6], [6, 7, 6, 6]])
+    masked = canvas == 6
+    fill_after_stop(canvas, masked, {1, 9}, 1)
+    assert canvas.tolist() == [[5, 9, 1, 1], [6, 7, 6, 6]]
+    newline = masked_engine.newline_ids()
+    nl = masked_engine.tokenizer.encode("\n", add_special_tokens=False)
+    assert set(nl) <= newline and all("\n" in masked_engine.tokenizer.decode([i]) for i in newline)
+    assert not newline & masked_engine.stop_ids
+
+
 def test_config_and_detection(tiny_masked_dir):
     assert detect_logits_shift({"architectures": ["DreamModel"]})
     assert detect_logits_shift({"model_type": "diffucoder"})
