@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,9 @@ class PeerResult:
 
 def cut_continuation(text: str, suffix: str, single_line: bool) -> str:
     """Where a prefix-only continuation ends as an infill: it cannot know, so use the usual rules."""
-    if single_line and "\n" in text:
-        return text[: text.index("\n") + 1]
+    if single_line:  # the first line with any code on it (a leading blank line is not the infill)
+        m = re.search(r"\S[^\n]*\n", text)
+        return text[: m.end()] if m else text
     first = next((ln.strip() for ln in suffix.splitlines() if ln.strip()), "")
     if len(first) >= 4:
         for m in re.finditer(r"(^|\n)[ \t]*" + re.escape(first), text):
@@ -85,9 +87,17 @@ class LlamaCppPeer:
         return {"model": self.gguf.name, "file_mib": f"{size:.1f}", "threads": str(self.threads)}
 
     def generate(
-        self, prefix: str, max_tokens: int, prompt_tokens: int = 192, stop_at_eos: bool = True
+        self,
+        prefix: str,
+        max_tokens: int,
+        prompt_tokens: int = 192,
+        stop_at_eos: bool = True,
+        stop: Callable[[str], bool] | None = None,
     ) -> PeerResult:
-        """Greedy continuation of the prefix's last `prompt_tokens` tokens; a fresh KV cache each call."""
+        """Greedy continuation of the prefix's last `prompt_tokens` tokens; a fresh KV cache each call.
+
+        `stop(text_so_far)` ends generation early (e.g. once the infill cut point is reached).
+        """
         ids = self.llm.tokenize(prefix.encode("utf-8"), add_bos=False, special=False)[-prompt_tokens:]
         if not ids:
             ids = [self.llm.token_bos()]
@@ -102,6 +112,8 @@ class LlamaCppPeer:
                 break
             out.append(tok)
             if len(out) >= max_tokens:
+                break
+            if stop is not None and stop(self.llm.detokenize(out).decode("utf-8", errors="replace")):
                 break
         total = (time.perf_counter() - t0) * 1000
         text = self.llm.detokenize(out).decode("utf-8", errors="replace")

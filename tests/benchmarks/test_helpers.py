@@ -36,3 +36,25 @@ def test_percentile_is_nearest_rank():
     assert common.percentile(values, 99) == 99.0
     assert common.percentile([7.0], 99) == 7.0
     assert common.percentile([], 50) != common.percentile([], 50)  # NaN for no values
+
+
+def test_keeps_parsing_compares_against_the_reference_middle():
+    import side_by_side as sbs
+
+    task = sbs.mq.Task("single-line", "t", "def f(a, b):\n", "\n\nprint(f(1, 2))\n", "    return a + b\n")
+    lang = sbs.task_language(task)
+    assert lang == "python"
+    assert sbs.keeps_parsing(task, "    return a * b\n", lang)
+    assert not sbs.keeps_parsing(task, "    return (a +\n", lang)
+    # a window cut out of a JavaScript file: judged by the grammar that fits it, relative to its reference
+    window = sbs.mq.Task(
+        "held-out", "h", "function add(a, b) {\n  const s = ", "\n  return s;\n}\n", "a + b;"
+    )
+    assert sbs.task_language(window) == "javascript"
+    assert sbs.keeps_parsing(window, "b + a;", "javascript")
+    assert not sbs.keeps_parsing(window, "(a + ;", "javascript")
+
+
+def test_single_line_infill_skips_leading_blank_lines():
+    assert peers.cut_continuation("\n    x = 1\n    y = 2\n", "", single_line=True) == "\n    x = 1\n"
+    assert peers.cut_continuation("\n   ", "", single_line=True) == "\n   "  # no code line yet: keep going
