@@ -69,6 +69,16 @@ def rows(results: Path) -> list[list[str]]:
             kp = suites["all"]["keeps_parsing"]
             if kp == kp:
                 out.append([label, "completions that keep the file parsing", f"{100 * kp:.1f}%", src])
+    mq = _load(results, "model_quality")
+    if mq:
+        src = "model_quality.md"
+        for label, data in mq.items():
+            suites = data.get("summary", {}).get("suites", {})
+            he = [
+                f"{k} {100 * v['pass@1']:.1f}% (n={v['tasks']})" for k, v in suites.items() if "pass@1" in v
+            ]
+            if he:
+                out.append([label, "HumanEval-infilling pass@1 (larger subsets)", ", ".join(he), src])
     mem = _load(results, "memory")
     if mem:
         src = f"memory.md ({_when(mem)})"
