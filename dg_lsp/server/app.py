@@ -294,7 +294,16 @@ class DgLanguageServer(LanguageServer):
         except NotReady:
             return None
         except Exception as exc:
-            self.tell_once(f"infer:{type(exc).__name__}", f"completion failed: {type(exc).__name__}: {exc}")
+            if _out_of_memory(exc):
+                self.tell_once(
+                    "infer:oom",
+                    f"out of memory during a completion ({type(exc).__name__}); lower numCandidates or "
+                    f"maxTokens, or use a smaller model. Detail: {str(exc)[:300]}",
+                )
+            else:
+                self.tell_once(
+                    f"infer:{type(exc).__name__}", f"completion failed: {type(exc).__name__}: {exc}"
+                )
             return None
         if self.docs.version(uri) != version:
             return None
@@ -500,6 +509,14 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
         return {"applied": bool(response and response.applied)}
 
     return ls
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Python's MemoryError, torch's OutOfMemoryError, or a CPU allocator failure (a RuntimeError)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
 def _client_resolves_edits(ls: DgLanguageServer) -> bool:
