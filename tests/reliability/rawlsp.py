@@ -194,6 +194,7 @@ class RawServer:
         elif "method" in message:
             self.notifications.append(message)
         else:
+            message["_received"] = time.monotonic()  # for latency figures; never sent anywhere
             self.inbox.put(message)
 
     # -- lifecycle -----------------------------------------------------------------------------
