@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
 from dg_lsp.engine.sampler import mean_logprob
@@ -50,7 +50,7 @@ class AutoregressiveEngine(LocalEngine):
             quant.quantize_linears_int8_(self.model, skip=["lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
-        self.max_prompt_tokens = max_prompt_tokens
+        self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         eos = {tokens.EOS_ID, tokens.PAD_ID}
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))

@@ -44,6 +44,15 @@ def budget_prompt(
     return pre, suf[:keep_suf]
 
 
+def prompt_budget(tokenizer, requested: int) -> int:
+    """Never feed a model more prompt than it was trained on: a small model trained on short windows
+    degrades sharply past them. HF leaves `model_max_length` huge when the tokenizer does not know it."""
+    trained = getattr(tokenizer, "model_max_length", None)
+    if isinstance(trained, int) and 0 < trained < 1_000_000:
+        return min(requested, trained)
+    return requested
+
+
 class LocalEngine:
     """Base for in-process backends; subclasses set `name` and implement `_generate`."""
 

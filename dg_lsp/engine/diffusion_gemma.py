@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dg_lsp.engine import sampler
-from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
@@ -128,7 +128,7 @@ class DiffusionGemmaEngine(LocalEngine):
         self.text_config = self.config.get_text_config()
         self.canvas_length = int(self.config.canvas_length)
         self.vocab_size = int(self.text_config.vocab_size)
-        self.max_prompt_tokens = max_prompt_tokens
+        self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.denoise = DenoiseConfig.from_generation_config(
             getattr(self.model, "generation_config", None), steps
         )

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import sampler
-from dg_lsp.engine.base import LocalEngine, budget_prompt
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, new_cache, restore
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
@@ -138,7 +138,7 @@ class MaskedDiffusionEngine(LocalEngine):
             self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.mask_id
         )
         self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
-        self.max_prompt_tokens = max_prompt_tokens
+        self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.supports_kv = "past_key_values" in inspect.signature(self.model.forward).parameters
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
