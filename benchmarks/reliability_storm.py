@@ -89,8 +89,8 @@ automatic `inlineCompletion` (plus a `completion` one time in four); 30% of supe
 cancelled; 0.2-0.8 s pauses between bursts. "Newest" is the last request of a burst: the one whose
 ghost text the user waits for. "Superseded" means the next keystroke had been sent before the answer
 arrived; such a request can still be answered non-empty when the server finished it before it
-read that keystroke (a race, not staleness). The server's text matched the client's exactly at the end (every line's offsets and the
-content of a TODO line, read back through code actions).
+read that keystroke (a race, not staleness). The server's text matched the client's exactly at the
+end (every line's offsets and the content of a TODO line, read back through code actions).
 
 | figure | value |
 |---|---|

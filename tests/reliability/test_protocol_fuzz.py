@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.reliability.rawlsp import code_action_params, frame, open_params
 
-EXAMPLES = int(os.environ.get("DG_LSP_FUZZ_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("DG_LSP_FUZZ_EXAMPLES", "200"))
 ALLOWED_ERRORS = {-32700, -32600, -32601, -32602, -32800}
 STATS = {"messages": 0, "requests": 0, "raw_frames": 0, "errors": 0, "results": 0, "batches": 0}
 _ids = itertools.count(10_000)
