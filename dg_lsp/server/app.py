@@ -159,6 +159,9 @@ class DgLanguageServer(LanguageServer):
 
         try:
             asyncio.run(serve())
+        except OSError as exc:  # port taken, address not available: say so instead of a traceback
+            print(f"dg-lsp: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+            result["code"] = 1
         except KeyboardInterrupt:
             result["code"] = 130
         finally:

@@ -99,6 +99,22 @@ def test_tcp_is_loopback_only_and_serves_one_client_at_a_time(tmp_path):
         log.close()
 
 
+def test_tcp_port_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "dg_lsp", "--tcp", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert out.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("host", ["::", "example.com"])
 def test_tcp_refuses_other_hosts_without_opt_in(host):
     out = subprocess.run(
