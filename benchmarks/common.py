@@ -203,6 +203,27 @@ def tiny_models(tmp: Path) -> list[ModelSpec]:
     return [ModelSpec("tiny diffusion", d, "diffusion-gemma"), ModelSpec("tiny AR", a, "ar")]
 
 
+def model_identity(path: Path) -> str:
+    """Which checkpoint exactly: its training step (metrics.json) and a hash prefix of its weights."""
+    import hashlib
+
+    path = Path(path)
+    bits = []
+    metrics = path / "metrics.json" if path.is_dir() else None
+    if metrics is not None and metrics.exists():
+        step = json.loads(metrics.read_text()).get("step")
+        if step is not None:
+            bits.append(f"step {step}")
+    weights = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if weights and weights[0].is_file():
+        digest = hashlib.sha256()
+        with open(weights[0], "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        bits.append(f"sha256 {digest.hexdigest()[:12]}")
+    return ", ".join(bits)
+
+
 def parameters(path: Path) -> str:
     """Parameter count from the safetensors headers, without loading the model."""
     from safetensors import safe_open

@@ -409,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         "Server settings (initializationOptions): "
         + ", ".join(f"`{k}={v}`" for k, v in settings.items())
         + "; everything else at its default. Models: "
-        + "; ".join(f"{r.label} (`{Path(r.model).name}`)" for r in runs)
+        + "; ".join(
+            f"{r.label} (`{Path(r.model).name}`, {common.model_identity(Path(r.model))})" for r in runs
+        )
         + ".",
         "",
         f"Files: {file_list}; {args.lines_per_file} line(s) per file blanked and retyped. Typing: median "

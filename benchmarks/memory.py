@@ -114,7 +114,7 @@ async def measure_server(
             client.process.kill()
             await client.process.wait()
         await client.stop()
-    note = "model load refused: protocol + context only" if failed else ""
+    note = "model load refused: protocol + context only" if failed else common.model_identity(Path(model))
     path = Path(model) if not failed else None
     return Row(label, quantization, rss, peak, weights_mib(path), load_ms, done, note)
 

@@ -412,6 +412,11 @@ def _shown(path: str) -> str:
     return str(p.relative_to(common.ROOT)) if p.is_relative_to(common.ROOT) else p.name
 
 
+def _described(c: Contender) -> str:
+    bits = [f"`{_shown(c.path)}`", common.model_identity(Path(c.path)), c.note]
+    return ", ".join(b for b in bits if b)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny random models, a handful of tasks (CI)")
@@ -474,9 +479,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - start
 
     lines += [
-        "Models: "
-        + "; ".join(f"{c.label} (`{_shown(c.path)}`{', ' + c.note if c.note else ''})" for c in contenders)
-        + ".",
+        "Models: " + "; ".join(f"{c.label} ({_described(c)})" for c in contenders) + ".",
         "",
         f"Prompt budget {args.prompt_tokens} tokens for every model (dg-lsp: prefix + suffix, at most a "
         f"quarter suffix; SmolLM2: the last {args.prompt_tokens} prefix tokens). Greedy decoding for the "
