@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -377,7 +378,15 @@ def plot(summary: dict, quality: dict | None, spans: tuple[int, ...], path: Path
             vals = [quality[label]["suites"][s].get(m, 0.0) for s, m in metrics]
             ax.bar([j + i * width for j in range(len(metrics))], vals, width, label=label)
         ax.set_xticks([j + width * (len(labels) - 1) / 2 for j in range(len(metrics))])
-        ax.set_xticklabels([f"{s}\n{m}" for s, m in metrics], fontsize=7)
+        short = {
+            "edit_similarity": "edit sim.",
+            "keeps_parsing": "keeps parsing",
+            "nonempty_keeps_parsing": "non-empty + parsing",
+            "random-span-light": "random-span",
+        }
+        ax.set_xticklabels(
+            [f"{short.get(s, s)}: {short.get(m, m)}" for s, m in metrics], fontsize=7, rotation=35, ha="right"
+        )
         ax.set_ylim(0, 1)
         ax.set_title("Quality on the same tasks")
         ax.legend(fontsize=7)
@@ -438,8 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="processes for the quality part (not timed)")
     ap.add_argument("--corpus", type=Path, default=common.ROOT / "data/corpus")
     ap.add_argument("--out", type=Path, default=common.RESULTS)
+    ap.add_argument("--replot", action="store_true", help="redraw the PNG from the results JSON only")
     args = ap.parse_args(argv)
     spans = common.SPAN_LENGTHS
+    if args.replot:
+        raw = json.loads((args.out / "side_by_side.json").read_text())
+        summary = {k: {int(n): v for n, v in per.items()} for k, per in raw["speed_summary"].items()}
+        plot(summary, raw["quality"], spans, args.out / "side_by_side.png")
+        return 0
     if args.smoke:
         spans = (8, 32)
         args.sites, args.repeats, args.spans, args.diffusion_steps = 1, 1, 0, [4]
