@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import json
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from dg_lsp import __version__
 
@@ -112,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check torch, device, model and grammars, and say what is wrong")
     _add_model_flags(d)
 
+    e = sub.add_parser("serve-engine", help="serve the model over HTTP for `model = remote:http://host:port`")
+    e.add_argument("--engine-port", type=int, default=8765)
+    _add_model_flags(e)
+
     t = sub.add_parser("train", help="train a model: dg-lsp train CONFIG [options]", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -121,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command in (None, "serve"):
+    if args.command in (None, "serve", "serve-engine"):
         _force_offline()
     _setup_logging(args.log_level, args.log_file)
     if args.command == "complete":
         return cmd_complete(args)
     if args.command == "doctor":
         return cmd_doctor(args)
+    if args.command == "serve-engine":
+        return cmd_serve_engine(args)
     if args.command == "train":
         from dg_lsp.training.train import main as train_main
 
@@ -150,12 +158,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 return 2
             log.warning("listening on %s: anyone who can reach it can read the documents you send", args.host)
         server = create_server(settings)
-        return server.start_tcp(args.host, args.port)
+        _exit_now(server.start_tcp(args.host, args.port))
     # Keep the protocol stream clean: anything a library prints goes to stderr instead.
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr
     server = create_server(settings)
-    return server.start_io(sys.stdin.buffer, stdout)
+    _exit_now(server.start_io(sys.stdin.buffer, stdout))
+
+
+def _exit_now(code: int | None) -> NoReturn:
+    """Exit without the interpreter's teardown of torch and transformers, which takes seconds:
+    editors kill a server that lingers after `exit`, and everything worth keeping is already flushed."""
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code or 0)
+
+
+def cmd_serve_engine(args: argparse.Namespace) -> int:
+    from dg_lsp.engine.loader import ModelLoadError, load_engine
+    from dg_lsp.engine.remote import serve
+
+    if not _is_loopback(args.host) and not args.allow_remote:
+        print(f"dg-lsp: refusing non-loopback host {args.host!r} without --allow-remote", file=sys.stderr)
+        return 2
+    try:
+        engine = load_engine(_settings_from_args(args))
+    except ModelLoadError as exc:
+        print(f"dg-lsp: {exc}", file=sys.stderr)
+        return 1
+    engine.warmup()
+    try:
+        serve(engine, args.host, args.engine_port)
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 def _is_loopback(host: str) -> bool:
@@ -182,7 +218,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
         end = _offset_1based(text, args.end_line, args.end_character or 1)
     language = context.language_for(args.language, args.file.as_uri()) if args.language else None
     language = language or context.language_for(None, args.file.resolve().as_uri())
-    settings = _settings_from_args(args)
+    # One answer for a waiting user: the latency budget exists to keep typing fluid, not for this.
+    settings = dataclasses.replace(_settings_from_args(args), latency_budget_ms=0)
     try:
         engine = load_engine(settings)
     except ModelLoadError as exc:

@@ -98,10 +98,9 @@ def available(snapshot: context.DocumentSnapshot, start: int, end: int) -> list[
             found.append(
                 ActionSpec(PLACEHOLDER, ph.start, ph.end, detail=text[ph.start : ph.end].strip()[:40])
             )
-    for issue in context.find_syntax_errors(snapshot):
-        if issue.start <= hi and issue.end >= lo:
-            s, e = _line_bounds(text, issue.start, issue.end)
-            found.append(ActionSpec(REPAIR, s, e, detail=f"line {text.count(chr(10), 0, s) + 1}"))
+    for issue in context.find_syntax_errors(snapshot, lo, hi):
+        s, e = issue.repair_start, issue.repair_end
+        found.append(ActionSpec(REPAIR, s, e, detail=f"line {text.count(chr(10), 0, issue.start) + 1}"))
     return _dedupe(found)
 
 

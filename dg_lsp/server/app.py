@@ -336,7 +336,7 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
 
     @ls.feature(types.SHUTDOWN)
     def shutdown(ls: DgLanguageServer, params: Any) -> None:
-        ls.worker.stop()
+        ls.worker.stop(timeout=0.5)  # answer promptly: a load in progress cannot be interrupted anyway
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
     def did_change_configuration(ls: DgLanguageServer, params: types.DidChangeConfigurationParams) -> None:
@@ -506,10 +506,17 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
         edit = await _action_edit(ls, data)
         if edit is None:
             return {"applied": False, "reason": "no infill (stale document, model not ready or no candidate)"}
-        response = await ls.workspace_apply_edit_async(
-            types.ApplyWorkspaceEditParams(edit=edit, label="dg-lsp")
-        )
-        return {"applied": bool(response and response.applied)}
+        try:
+            response = await ls.workspace_apply_edit_async(
+                types.ApplyWorkspaceEditParams(edit=edit, label="dg-lsp")
+            )
+        except Exception as exc:  # the editor refused or failed the edit: a normal answer, not an error
+            return {"applied": False, "reason": f"the editor did not apply the edit: {exc}"}
+        reason = getattr(response, "failure_reason", None)
+        applied = bool(response and response.applied)
+        if applied:
+            return {"applied": True}
+        return {"applied": False, "reason": reason or "refused by the editor"}
 
     return ls
 
