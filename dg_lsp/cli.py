@@ -241,6 +241,7 @@ def cmd_complete(args: argparse.Namespace) -> int:
                     "span_kind": result.span_kind,
                     "candidates": result.texts,
                     "skipped": result.skipped,
+                    "rejected": result.rejected,
                     "stats": result.stats.as_dict(),
                     "engine": engine.describe(),
                 },

@@ -24,6 +24,8 @@ class Completion:
     stats: InfillStats = field(default_factory=InfillStats)
     skipped: str | None = None
     """Why nothing was generated (span kind disabled, language disabled...), for logs and --json."""
+    rejected: list[str] = field(default_factory=list)
+    """The engine's raw candidates when all were rejected: shown by `complete --json`, never inserted."""
 
 
 def plan(
@@ -77,4 +79,5 @@ def complete(
     out.texts = ranked
     if not ranked:
         out.skipped = "every candidate was rejected by post-processing or the syntax check"
+        out.rejected = [c.text for c in result.candidates]
     return out
