@@ -118,13 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--engine-port", type=int, default=8765)
     _add_model_flags(e)
 
-    t = sub.add_parser("train", help="train a model: dg-lsp train CONFIG [options]", add_help=False)
-    t.add_argument("rest", nargs=argparse.REMAINDER)
+    # Listed for --help only: main() hands `train ...` to the trainer before this parser runs.
+    sub.add_parser("train", help="train a model: dg-lsp train CONFIG [options] (see dg-lsp train --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # the trainer owns its flags, --help included
+        _setup_logging("INFO", None)
+        from dg_lsp.training.train import main as train_main
+
+        return train_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command in (None, "serve", "serve-engine"):
@@ -136,10 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_doctor(args)
     if args.command == "serve-engine":
         return cmd_serve_engine(args)
-    if args.command == "train":
-        from dg_lsp.training.train import main as train_main
-
-        return train_main(args.rest)
     return cmd_serve(args)
 
 
