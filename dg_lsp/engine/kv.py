@@ -53,3 +53,15 @@ def snapshot(cache, ids: list[int]) -> KVSnapshot:
         keys=[layer.keys[:, :, :n] for layer in cache.layers],
         values=[layer.values[:, :, :n] for layer in cache.layers],
     )
+
+
+def cache_kwarg(forward) -> str | None:
+    """The name under which `forward` takes a KV cache: transformers renamed `past_key_values` to
+    `cache` in 5.24 (keeping a deprecated alias); None when the model takes no cache at all."""
+    import inspect
+
+    params = inspect.signature(forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None

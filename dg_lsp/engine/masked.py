@@ -18,7 +18,6 @@ well (the kept prefix KV saw the old tail); `use_prompt_cache=False` turns it of
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import time
@@ -31,7 +30,7 @@ import torch
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, new_cache, restore
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 
 log = logging.getLogger(__name__)
@@ -139,7 +138,8 @@ class MaskedDiffusionEngine(LocalEngine):
         )
         self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
-        self.supports_kv = "past_key_values" in inspect.signature(self.model.forward).parameters
+        self.cache_arg = cache_kwarg(self.model.forward)
+        self.supports_kv = self.cache_arg is not None
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
         self._newline_ids: set[int] | None = None
@@ -207,7 +207,7 @@ class MaskedDiffusionEngine(LocalEngine):
             for layer, (k, v) in zip(cache.layers, ctx, strict=True):
                 layer.update(k, v)
             pos = torch.arange(lo, hi, device=self.device).unsqueeze(0)
-            logits = self.model(input_ids=x[:, lo:hi], past_key_values=cache, position_ids=pos).logits
+            logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **{self.cache_arg: cache}).logits
             return logits[:, :length], ctx
         if dual:
             try:
@@ -215,7 +215,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 keep = min(keep, lo) if snap is not None else 0
                 cache = restore(self.model.config, snap, keep, batch=x.shape[0])
                 pos = torch.arange(keep, x.shape[1], device=self.device).unsqueeze(0)
-                logits = self.model(input_ids=x[:, keep:], past_key_values=cache, position_ids=pos).logits
+                logits = self.model(input_ids=x[:, keep:], position_ids=pos, **{self.cache_arg: cache}).logits
                 self._last_full = cache
                 ctx = [
                     (
