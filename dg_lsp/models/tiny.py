@@ -54,28 +54,10 @@ int main(int argc, char **argv) {
 
 
 def build_tokenizer(texts: list[str], vocab_size: int = 512):
-    """Byte-level BPE with our special tokens, wrapped as a `PreTrainedTokenizerFast`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The shipped tokenizer's recipe (byte-level BPE, our special tokens at our ids) on a tiny sample."""
+    from dg_lsp.training.tokenizer import train_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=tokens.SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=tokens.BOS,
-        eos_token=tokens.EOS,
-        pad_token=tokens.PAD,
-        mask_token=tokens.MASK,
-        additional_special_tokens=[tokens.FIM_PREFIX, tokens.FIM_SUFFIX, tokens.FIM_MIDDLE],
-    )
+    return train_tokenizer(texts, vocab_size=vocab_size)
 
 
 def tiny_diffusion_gemma_config(vocab_size: int, canvas_length: int = 32, **text_overrides):
