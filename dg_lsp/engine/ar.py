@@ -13,7 +13,7 @@ import torch
 
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
 from dg_lsp.engine.sampler import mean_logprob
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import tokens
@@ -51,6 +51,7 @@ class AutoregressiveEngine(LocalEngine):
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
+        self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"
         eos = {tokens.EOS_ID, tokens.PAD_ID}
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -88,7 +89,7 @@ class AutoregressiveEngine(LocalEngine):
         cache = restore(self.model.config, previous, keep)
         inp = torch.tensor([ids[keep:]], device=self.device)
         pos = torch.arange(keep, len(ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=inp, past_key_values=cache, position_ids=pos, use_cache=True)
+        out = self.model(input_ids=inp, position_ids=pos, use_cache=True, **{self.cache_arg: cache})
         stats.reused_prompt_tokens = keep
         stats.encoder_passes += 1
         if self.use_prompt_cache and doc_key is not None:
@@ -116,9 +117,10 @@ class AutoregressiveEngine(LocalEngine):
                 if request.single_line and "\n" in self.tokenizer.decode(new[-1:]):
                     break
                 check()
-                out = self.model(input_ids=torch.tensor([[tok]], device=self.device), past_key_values=cache)
+                step = torch.tensor([[tok]], device=self.device)
+                out = self.model(input_ids=step, **{self.cache_arg: cache})  # the DynamicCache grows in place
                 stats.forward_passes += 1
-                logits, cache = out.logits[:, -1, :], out.past_key_values
+                logits = out.logits[:, -1, :]
         stats.generated_tokens = len(new)
         score = mean_logprob(torch.stack(picked_logits), torch.tensor(new)) if new else 0.0
         text = self.tokenizer.decode(new, skip_special_tokens=True)

@@ -24,7 +24,7 @@ import torch
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, restore, snapshot
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import tokens
 
@@ -191,7 +191,8 @@ class DiffusionGemmaEngine(LocalEngine):
         cache = restore(self.text_config, previous, keep)
         new = torch.tensor([ids[keep:]], device=self.device)
         pos = torch.arange(keep, len(ids), device=self.device).unsqueeze(0)
-        self.model.model.encoder(input_ids=new, past_key_values=cache, position_ids=pos)
+        encoder = self.model.model.encoder
+        encoder(input_ids=new, position_ids=pos, **{cache_kwarg(encoder.forward): cache})
         return snapshot(cache, ids), keep
 
     def _decoder_cache(self, state: EncoderState, batch: int):
@@ -224,14 +225,15 @@ class DiffusionGemmaEngine(LocalEngine):
         argmax = canvas
         logits = None
         finished = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        cache_arg = cache_kwarg(self.model.forward)
         for done in range(steps):
             check()
             t0 = time.perf_counter()
             out = self.model(
                 decoder_input_ids=canvas,
-                past_key_values=cache,
                 self_conditioning_logits=self_cond,
                 decoder_position_ids=pos,
+                **{cache_arg: cache},
             )
             stats.forward_passes += 1
             step_logits = out.logits.float()
