@@ -40,7 +40,7 @@ class AutoregressiveEngine(LocalEngine):
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.quantization = quant.resolve_kind(quantization, self.device)
-        kwargs = {"trust_remote_code": trust_remote_code}
+        kwargs = {"trust_remote_code": trust_remote_code, "dtype": quant.default_dtype(self.device)}
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head"])
             kwargs["device_map"] = str(self.device)
@@ -57,17 +57,6 @@ class AutoregressiveEngine(LocalEngine):
             eos.add(int(self.tokenizer.eos_token_id))
         self.stop_ids = eos
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
-
-    def describe(self) -> dict[str, str]:
-        params = sum(p.numel() for p in self.model.parameters())
-        return {
-            "backend": self.name,
-            "model": str(self.model_dir),
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "quantization": self.quantization,
-            "parameters": f"{params / 1e6:.2f}M",
-        }
 
     def warmup(self) -> None:
         self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=4))

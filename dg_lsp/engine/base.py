@@ -68,6 +68,18 @@ class LocalEngine:
     ) -> list[Candidate]:
         raise NotImplementedError
 
+    def describe(self) -> dict[str, str]:
+        """The facts every local backend reports; subclasses add their sampler's."""
+        params = sum(p.numel() for p in self.model.parameters())
+        return {
+            "backend": self.name,
+            "model": str(self.model_dir),
+            "device": str(self.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "quantization": self.quantization,
+            "parameters": f"{params / 1e6:.2f}M",
+        }
+
     def reset_caches(self) -> None:
         """Drop every per-document cache (benchmarks and tests compare cold and warm paths)."""
         self.continuations.clear()

@@ -154,14 +154,8 @@ class DiffusionGemmaEngine(LocalEngine):
         return ids
 
     def describe(self) -> dict[str, str]:
-        params = sum(p.numel() for p in self.model.parameters())
         return {
-            "backend": self.name,
-            "model": str(self.model_dir),
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "quantization": self.quantization,
-            "parameters": f"{params / 1e6:.2f}M",
+            **super().describe(),
             "canvas_length": str(self.canvas_length),
             "prompt_format": "fim" if self.fim else "chat",
         }

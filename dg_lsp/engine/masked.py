@@ -106,7 +106,10 @@ class MaskedDiffusionEngine(LocalEngine):
         self.cfg = sampler or MaskedSamplerConfig()
         self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else detect_logits_shift(raw)
         self.quantization = quant.resolve_kind(quantization, self.device)
-        kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+        kwargs: dict[str, Any] = {
+            "trust_remote_code": trust_remote_code,
+            "dtype": quant.default_dtype(self.device),
+        }
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head", "decoder"])
             kwargs["device_map"] = str(self.device)
@@ -148,14 +151,8 @@ class MaskedDiffusionEngine(LocalEngine):
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
 
     def describe(self) -> dict[str, str]:
-        params = sum(p.numel() for p in self.model.parameters())
         return {
-            "backend": self.name,
-            "model": str(self.model_dir),
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "quantization": self.quantization,
-            "parameters": f"{params / 1e6:.2f}M",
+            **super().describe(),
             "logits_shift": str(self.shift),
             "confidence": self.cfg.confidence,
             "threshold": str(self.cfg.threshold),

@@ -298,6 +298,12 @@ def checkpoint_bytes(model_dir: Path) -> int:
 # -- loading --------------------------------------------------------------------------------------
 
 
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on CUDA, fp32 on CPU: fp16/bf16 matmuls on a CPU are several times slower than fp32, so a
+    checkpoint saved in fp16 must not run as such there (and every backend must match for fair benchmarks)."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
 def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype: torch.dtype | None = None):
     """Load `DiffusionGemmaForBlockDiffusion` on `device` with `kind` quantization; return (model, kind).
 
@@ -316,8 +322,7 @@ def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.bfloat16)
         quantize_to_cuda_(model, kind, device, compute_dtype=dtype or torch.bfloat16)
         return model.eval(), kind
-    default = torch.bfloat16 if cuda else torch.float32
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or default)
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or default_dtype(device))
     if kind == "int8":
         quantize_cpu_int8_(model)
     return model.to(device).eval(), kind
