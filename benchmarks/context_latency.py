@@ -21,6 +21,10 @@ import sysconfig
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+
 from dg_lsp.context import (
     DocumentTrees,
     build_context,
@@ -176,7 +180,7 @@ def main() -> None:
     )
     print(header + "\n" + table)
     machine = (
-        f"{_cpu_name()}, {os.cpu_count()} cores, load average "
+        f"{common.cpu_model()}, {os.cpu_count()} cores, load average "
         f"{' / '.join(f'{x:.2f}' for x in os.getloadavg())} at start, Python {platform.python_version()}, "
         f"tree-sitter {md.version('tree-sitter')}"
     )
@@ -205,16 +209,6 @@ Opening the 10 MB document (not parsed: above the size limit) took {open_ms:.2f}
     args.out.with_suffix(".md").write_text(md_text)
     plot(series, args.out.with_suffix(".png"))
     print(f"wrote {args.out.with_suffix('.md')} and .png", file=sys.stderr)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def plot(series: dict[str, tuple[list[float], list[float]]], path: Path) -> None:
