@@ -37,7 +37,7 @@ import common
 from lsprotocol import types
 
 from dg_lsp.settings import Settings
-from tests.lsp_harness import CLIENT_CAPABILITIES, HarnessClient, open_doc
+from tests.lsp_harness import CLIENT_CAPABILITIES, HarnessClient, open_doc, reap, shutdown_and_exit
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 REAL_FILES = [
@@ -275,14 +275,9 @@ async def run_model(
         run.wall_s = time.perf_counter() - start
         run.keystrokes = counter[0]
         run.requests = s.requests
-        await asyncio.wait_for(client.shutdown_async(None), 60)
-        client.exit(None)
-        await asyncio.wait_for(client.process.wait(), 30)
+        await shutdown_and_exit(client)
     finally:
-        if client.process and client.process.returncode is None:
-            client.process.kill()
-            await client.process.wait()
-        await client.stop()
+        await reap(client)
     return run
 
 

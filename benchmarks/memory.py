@@ -33,7 +33,7 @@ import common
 import peers
 from lsprotocol import types
 
-from tests.lsp_harness import CLIENT_CAPABILITIES, HarnessClient, open_doc
+from tests.lsp_harness import CLIENT_CAPABILITIES, HarnessClient, open_doc, reap, shutdown_and_exit
 
 QUANTIZATIONS = ("none", "int8")
 
@@ -106,14 +106,9 @@ async def measure_server(
             done += 1
         await asyncio.sleep(0.2)
         rss, peak = rss_of(client.process.pid)
-        await asyncio.wait_for(client.shutdown_async(None), 60)
-        client.exit(None)
-        await asyncio.wait_for(client.process.wait(), 30)
+        await shutdown_and_exit(client)
     finally:
-        if client.process and client.process.returncode is None:
-            client.process.kill()
-            await client.process.wait()
-        await client.stop()
+        await reap(client)
     note = "model load refused: protocol + context only" if failed else common.model_identity(Path(model))
     path = Path(model) if not failed else None
     return Row(label, quantization, rss, peak, weights_mib(path), load_ms, done, note)

@@ -112,17 +112,27 @@ async def lsp_session(
         )
         client.initialized(types.InitializedParams())
         yield client
-        await asyncio.wait_for(client.shutdown_async(None), 30)
-        client.exit(None)
-        assert await asyncio.wait_for(client.process.wait(), 30) == 0
+        assert await shutdown_and_exit(client, 30) == 0
     except BaseException:
         sys.stderr.write(f"--- server log {log} ---\n{log.read_text(errors='replace')[-8000:]}\n")
         raise
     finally:
-        if client.process and client.process.returncode is None:
-            client.process.kill()
-            await client.process.wait()
-        await client.stop()
+        await reap(client)
+
+
+async def shutdown_and_exit(client: HarnessClient, timeout: float = 60) -> int:
+    """The LSP goodbye: `shutdown`, `exit`, then the server's exit code."""
+    await asyncio.wait_for(client.shutdown_async(None), timeout)
+    client.exit(None)
+    return await asyncio.wait_for(client.process.wait(), 30)
+
+
+async def reap(client: HarnessClient) -> None:
+    """Whatever happened, leave no server process behind and close the client."""
+    if client.process and client.process.returncode is None:
+        client.process.kill()
+        await client.process.wait()
+    await client.stop()
 
 
 def open_doc(client: LanguageClient, uri: str, text: str, language: str = "python", version: int = 1) -> None:
