@@ -102,11 +102,6 @@ class ModelWorker:
     def engine(self) -> InfillEngine | None:
         return self._engine
 
-    @property
-    def queue_depth(self) -> int:
-        with self._cond:
-            return len(self._pending)
-
     def submit(self, key: str, fn: JobFn) -> Job:
         """Queue `fn(engine, should_cancel)`; supersede any older job with the same key."""
         with self._cond:
