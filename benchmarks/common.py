@@ -163,7 +163,7 @@ class ModelSpec:
 
     label: str
     path: Path
-    backend: str  # "diffusion-gemma" or "ar"
+    backend: str  # "diffusion-gemma", "masked" or "ar"
 
 
 def _first_model_dir(candidates: list[Path]) -> Path | None:
@@ -182,7 +182,11 @@ def default_models(diffusion: str | None = None, ar: str | None = None) -> list[
         else [ROOT / "dg_lsp/models/embedded", ROOT / "runs/diffusion-cpu-2h/best"]
     )
     if d:
-        found.append(ModelSpec("diffusion (embedded)", d, "diffusion-gemma"))
+        from dg_lsp.engine.loader import detect_backend
+
+        found.append(
+            ModelSpec("diffusion (embedded)", d, detect_backend(json.loads((d / "config.json").read_text())))
+        )
     a = _first_model_dir([Path(ar)] if ar else [ROOT / "dg_lsp/models/ar_twin", ROOT / "runs/ar-cpu-2h/best"])
     if a:
         found.append(ModelSpec("AR twin", a, "ar"))

@@ -1,7 +1,8 @@
-"""Infill quality of the embedded DiffusionGemma model next to its autoregressive twin.
+"""Infill quality of the embedded diffusion model next to its autoregressive twin (and any other model).
 
-Both models run through dg-lsp's own engines (`DiffusionGemmaEngine`, `AutoregressiveEngine`) with
-the same prompt budget and token cap, caches off. Metrics:
+Every model runs through dg-lsp's own engine for its backend (DiffusionGemma, masked diffusion or
+autoregressive, read from its config.json) with the same prompt budget and token cap, caches off.
+Metrics:
 
 - held-out spans: exact match and edit similarity (normalised Levenshtein) on infills drawn from the
   corpus's held-out files with the training sampler (rest of line, lines, blocks, spans, empty);
@@ -10,6 +11,7 @@ the same prompt budget and token cap, caches off. Metrics:
   throwaway directory, without network (`unshare -n` when available) and with memory/CPU limits.
 
     python benchmarks/model_quality.py --single-every 5 --multi-every 40
+    python benchmarks/model_quality.py --model masked=runs/masked-cpu/best --model dg=OLD_DIR ...
 """
 
 from __future__ import annotations
@@ -155,11 +157,28 @@ def run_program(source: str, timeout: float = 10.0) -> bool:
         return proc.returncode == 0
 
 
+def backend_of(model_dir: str) -> str:
+    from dg_lsp.engine.loader import detect_backend
+
+    return detect_backend(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
 def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int):
     import torch
 
     torch.set_num_threads(1)
-    if kind == "diffusion":
+    if kind == "masked":
+        from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+
+        engine = MaskedDiffusionEngine(
+            model_dir,
+            max_prompt_tokens=prompt_tokens,
+            sampler=MaskedSamplerConfig(steps=steps),
+            use_continuation_cache=False,
+        )
+        engine.use_prompt_cache = False
+        return engine
+    if kind == "diffusion-gemma":
         from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
 
         return DiffusionGemmaEngine(
@@ -240,7 +259,7 @@ def _plot(summaries: dict[str, Summary], path: Path) -> None:
     ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(metrics))])
     ax.set_xticklabels([f"{s}\n{m}" for s, m in metrics], fontsize=8)
     ax.set_ylabel("score")
-    ax.set_title("Embedded diffusion model vs AR twin")
+    ax.set_title("Infill quality, same prompts and budgets")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -252,16 +271,16 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     import transformers
 
     lines = [
-        "# Model quality: embedded DiffusionGemma vs its AR twin",
+        "# Model quality: the embedded diffusion model vs its AR twin",
         "",
         f"Command: `python {' '.join(sys.argv)}`",
         "",
         f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores (shared with other jobs, 1 thread per model), "
+        f"{os.cpu_count()} CPU cores ({args.workers} models at a time, 1 thread each), "
         f"torch {torch.__version__}, transformers {transformers.__version__}; wall {wall / 60:.1f} min.",
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
-        f"{args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
+        f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
         f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
@@ -296,8 +315,14 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--diffusion", default=str(ROOT / "dg_lsp/models/embedded"))
-    ap.add_argument("--ar", default=str(ROOT / "dg_lsp/models/ar_twin"))
+    ap.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME=DIR",
+        help="a model to score (repeatable; backend read from DIR/config.json); "
+        "default: the embedded model and dg_lsp/models/ar_twin",
+    )
+    ap.add_argument("--workers", type=int, default=2, help="models scored in parallel, 1 thread each")
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--spans", type=int, default=200)
     ap.add_argument("--single-every", type=int, default=5)
@@ -310,9 +335,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     start = time.perf_counter()
+    specs = args.model or [
+        f"diffusion={ROOT / 'dg_lsp/models/embedded'}",
+        f"AR twin={ROOT / 'dg_lsp/models/ar_twin'}",
+    ]
+    models = dict(spec.split("=", 1) for spec in specs)
     tasks: list[Task] = []
     if (args.corpus / "valid.jsonl").exists() and args.spans > 0:
-        tasks += held_out_tasks(args.corpus, Path(args.diffusion), args.spans, args.prompt_tokens, 32)
+        tasks += held_out_tasks(
+            args.corpus, Path(next(iter(models.values()))), args.spans, args.prompt_tokens, 32
+        )
     else:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
     for suite, every in (
@@ -323,11 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         if every > 0:
             tasks += humaneval_tasks(suite, every)
     opts = {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "steps": args.steps}
-    models = {"diffusion": args.diffusion, "AR twin": args.ar}
-    kinds = {"diffusion": "diffusion", "AR twin": "ar"}
-    with ProcessPoolExecutor(max_workers=2) as pool:
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
-            name: pool.submit(evaluate_model, kinds[name], d, tasks, opts) for name, d in models.items()
+            name: pool.submit(evaluate_model, backend_of(d), d, tasks, opts) for name, d in models.items()
         }
         results = {name: f.result() for name, f in futures.items()}
     summaries = {name: r[0] for name, r in results.items()}

@@ -35,6 +35,7 @@ import model_quality as mq
 import peers
 
 PEER = "peer"
+DIFFUSION = ("diffusion-gemma", "masked")
 PARSE_ERROR_CAP = 50
 
 
@@ -43,7 +44,7 @@ class Contender:
     """One column of the comparison: a dg-lsp engine (with its sampler setting) or the llama.cpp peer."""
 
     label: str
-    kind: str  # "diffusion", "ar" or PEER
+    kind: str  # a dg-lsp backend ("diffusion-gemma", "masked", "ar") or PEER
     path: str
     steps: int = 0
     note: str = ""
@@ -325,7 +326,7 @@ def matched_quality(quality: dict, summary: dict, contenders: list[Contender]) -
         ["model", "mean score", "CPU ms / 32-token span", "CPU ms / 128-token span"], rows
     )
     ar = next((c for c in contenders if c.kind == "ar"), None)
-    diff = [c for c in contenders if c.kind == "diffusion"]
+    diff = [c for c in contenders if c.kind in DIFFUSION]
     if ar and diff:
         target = mean_score(quality[ar.label]["suites"])
         best = min(diff, key=lambda c: abs(mean_score(quality[c.label]["suites"]) - target))
@@ -403,9 +404,9 @@ def contenders_for(args, tmp: Path) -> tuple[list[Contender], list[str]]:
         specs = common.default_models(args.diffusion, args.ar)
     out = []
     for spec in specs:
-        if spec.backend == "diffusion-gemma":
+        if spec.backend in DIFFUSION:
             for steps in args.diffusion_steps:
-                out.append(Contender(f"{spec.label}, {steps} steps", "diffusion", str(spec.path), steps))
+                out.append(Contender(f"{spec.label}, {steps} steps", spec.backend, str(spec.path), steps))
         else:
             out.append(Contender(spec.label, "ar", str(spec.path)))
     why = peers.available()

@@ -56,6 +56,13 @@ class MaskedSamplerConfig:
     pass, then only the canvas is recomputed. Approximate: the context KV ignores later canvas changes."""
     refresh_every: int = 0
     """Recompute the context KV with a full pass every this many steps (0 = only at the first step)."""
+    stop_at_frontier: bool = True
+    """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
+    tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
+    Elsewhere a position predicting EOS just waits; the span ends when the frontier reaches it."""
+    block_length: int | None = None
+    """Semi-autoregressive blocks (LLaDA, Fast-dLLM): unmask only inside the leftmost block that still has
+    masks, the steps shared among blocks. None = the whole canvas at once."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
@@ -235,8 +242,11 @@ class MaskedDiffusionEngine(LocalEngine):
         stats.prompt_tokens = len(ids) - length
         batch = max(1, request.num_candidates)
         steps = min(max(1, request.steps or cfg.steps), length)
+        block = cfg.block_length if cfg.block_length and cfg.block_length < length else None
         if request.deadline_ms is not None and self.ms_per_step:
             steps = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
+        if block:
+            steps = max(steps, -(-length // block))  # at least one pass per block
         stats.step_cap = steps
         gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
         x = torch.tensor([ids] * batch, device=self.device)
@@ -247,6 +257,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.last_commits = []
         # single-line spans: the caller cuts at the first newline, so masks after one are tail as well
         stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
+        stop_tensor = torch.tensor(sorted(stops) or [-1], device=self.device)
         ctx = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and cfg.dual_cache and self.supports_kv
@@ -275,8 +286,15 @@ class MaskedDiffusionEngine(LocalEngine):
                     scores[1:] = scores[1:] / cfg.temperature + gumbel[1:]
                 pred = scores.argmax(dim=-1)
                 conf = sampler.confidence(logits, cfg.confidence)
-                need = sampler.quota(int(masked.sum(dim=-1).max()), steps - step)
-                commit = sampler.select_commits(conf, masked, need, cfg.threshold)
+                active = masked
+                if cfg.stop_at_frontier:
+                    active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
+                steps_left = steps - step
+                if block:
+                    active = active & sampler.block_window(masked, block)
+                    steps_left = max(1, steps_left // sampler.blocks_left(masked, block))
+                need = sampler.quota(int(active.sum(dim=-1).max()), steps_left)
+                commit = sampler.select_commits(conf, active, need, cfg.threshold)
                 canvas = x[:, span]
                 canvas[commit] = pred[commit]
                 picked = logp.gather(-1, pred[..., None]).squeeze(-1)

@@ -75,6 +75,32 @@ def select_commits(
     return chosen
 
 
+def block_window(masked: torch.Tensor, block: int) -> torch.Tensor:
+    """Semi-autoregressive decoding: per row, the `block`-wide slice holding the first masked position.
+
+    Decoding the canvas block by block (LLaDA, Fast-dLLM) keeps a masked model from committing the
+    confident EOS tail first and then collapsing the whole span to empty. (batch, length) bool."""
+    length = masked.shape[-1]
+    pos = torch.arange(length, device=masked.device)[None, :]
+    first = torch.where(masked, pos, length).min(dim=-1, keepdim=True).values
+    start = (first // block) * block
+    return (pos >= start) & (pos < start + block)
+
+
+def frontier(masked: torch.Tensor) -> torch.Tensor:
+    """Per row, the leftmost still-masked position (all False in a row with none). (batch, length) bool."""
+    before = masked.long().cumsum(dim=-1)
+    return masked & (before == 1)
+
+
+def blocks_left(masked: torch.Tensor, block: int) -> int:
+    """Blocks that still hold a masked position, in the row that has most."""
+    length = masked.shape[-1]
+    n = -(-length // block)
+    pad = torch.nn.functional.pad(masked, (0, n * block - length))
+    return int(pad.view(masked.shape[0], n, block).any(dim=-1).sum(dim=-1).max())
+
+
 def entropy_bound_accept(token_entropy: torch.Tensor, bound: float) -> torch.Tensor:
     """DiffusionGemma's rule: accept the k lowest-entropy positions while sum(H) - max(H) <= bound.
 

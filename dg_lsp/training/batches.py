@@ -94,3 +94,36 @@ def causal_batch(examples: list[Example]) -> CausalBatch:
     labels = _pad(seqs, IGNORE)
     middle = _pad([[0] * len(e.prompt) + [1] * (len(e.middle_ids) + 1) for e in examples], 0).bool()
     return CausalBatch(ids, mask, labels, middle)
+
+
+@dataclass
+class MaskedBatch:
+    input_ids: torch.Tensor  # (B, L) clean `[bos] prefix middle+EOS… suffix`, right-padded
+    attention_mask: torch.Tensor  # (B, L)
+    canvas_mask: torch.Tensor  # (B, L) True on the canvas (middle + EOS tail)
+    context_mask: torch.Tensor  # (B, L) True on prefix/suffix tokens (not bos, not padding)
+
+
+def masked_batch(examples: list[Example], lengths: list[int]) -> MaskedBatch:
+    """In-place canvases as the masked backend lays them out: the middle, EOS up to the drawn length
+    (the engine's bucket), then the suffix right after, so the model learns where a span ends."""
+    seqs, canvas, context = [], [], []
+    for e, n in zip(examples, lengths, strict=True):
+        middle = e.middle_ids[: n - 1]
+        fill = middle + [tokens.EOS_ID] * (n - len(middle))
+        seqs.append([tokens.BOS_ID, *e.prefix_ids, *fill, *e.suffix_ids])
+        canvas.append([0] * (1 + len(e.prefix_ids)) + [1] * n + [0] * len(e.suffix_ids))
+        context.append([0] + [1] * len(e.prefix_ids) + [0] * n + [1] * len(e.suffix_ids))
+    return MaskedBatch(
+        _pad(seqs, tokens.PAD_ID),
+        _pad([[1] * len(s) for s in seqs], 0),
+        _pad(canvas, 0).bool(),
+        _pad(context, 0).bool(),
+    )
+
+
+def draw_canvas_length(middle_len: int, buckets: list[int], r: float) -> int:
+    """A bucket that holds the middle plus one EOS, uniformly among those that do (`r` in [0, 1)): the
+    engine sizes its canvas from the span kind, not from the unknown middle, so it is often too long."""
+    fits = [b for b in sorted(buckets) if b > middle_len] or [max(buckets)]
+    return fits[min(len(fits) - 1, int(r * len(fits)))]

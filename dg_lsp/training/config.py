@@ -9,6 +9,9 @@ from pathlib import Path
 
 @dataclass
 class ModelConfig:
+    # "gemma4": Gemma 4 layers with the mandatory MoE (DiffusionGemma and its causal twin);
+    # "gemma3": dense Gemma 3 layers, run bidirectionally for the masked model, causally for its twin
+    arch: str = "gemma4"
     hidden_size: int = 256
     intermediate_size: int = 512
     num_hidden_layers: int = 4
@@ -20,6 +23,8 @@ class ModelConfig:
     moe_intermediate_size: int = 256
     sliding_window: int = 512
     canvas_length: int = 32
+    # masked kind: canvas lengths drawn per example (the engine buckets its canvas the same way)
+    canvas_buckets: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
     # repeated to num_hidden_layers; the last layer is always full attention, as in Gemma 4
     layer_pattern: list[str] = field(default_factory=lambda: ["sliding_attention", "full_attention"])
 
@@ -46,7 +51,9 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    kind: str = "diffusion"  # "diffusion" (DiffusionGemmaForBlockDiffusion) or "ar" (causal twin)
+    # "diffusion" (DiffusionGemmaForBlockDiffusion), "masked" (absorbing-state, bidirectional Gemma 3)
+    # or "ar" (the causal twin)
+    kind: str = "diffusion"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     batch_size: int = 16
@@ -60,6 +67,11 @@ class TrainConfig:
     ar_loss_weight: float = 0.5  # encoder AR loss next to the canvas loss (diffusion only)
     self_cond_prob: float = 0.5
     t_min: float = 1e-3
+    # masked kind: share of examples whose context is masked at the same rate as the canvas (plain
+    # whole-sequence masked diffusion: more loss positions per pass); the rest mask only the canvas
+    context_mask_prob: float = 0.5
+    # export OUT/step-N at these steps (for comparisons at a matched token budget)
+    snapshot_steps: list[int] = field(default_factory=list)
     eval_every: int = 200
     save_every: int = 100
     threads: int = 1

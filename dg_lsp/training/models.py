@@ -62,12 +62,46 @@ def causal_model(mc: ModelConfig, vocab_size: int):
     return Gemma4ForCausalLM(config)
 
 
+def gemma3_model(mc: ModelConfig, vocab_size: int, bidirectional: bool):
+    """Dense Gemma 3 layers: bidirectional = the masked-diffusion model (LLaDA-style, no logit shift, read
+    by the `masked` backend), causal = its AR twin with the very same weights layout."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=mc.hidden_size,
+        intermediate_size=mc.intermediate_size,
+        num_hidden_layers=mc.num_hidden_layers,
+        num_attention_heads=mc.num_attention_heads,
+        num_key_value_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim,
+        layer_types=["full_attention"] * mc.num_hidden_layers,
+        use_bidirectional_attention=bidirectional,
+        max_position_embeddings=4096,
+        pad_token_id=tokens.PAD_ID,
+        eos_token_id=tokens.EOS_ID,
+        bos_token_id=tokens.BOS_ID,
+    )
+    if bidirectional:
+        config.mask_token_id = tokens.MASK_ID
+        config.dg_lsp_logits_shift = False
+    return Gemma3ForCausalLM(config)
+
+
 def build_model(kind: str, mc: ModelConfig, vocab_size: int):
+    if mc.arch == "gemma3":
+        if kind == "diffusion":
+            raise ValueError("kind 'diffusion' is DiffusionGemma: it needs model.arch 'gemma4'")
+        return gemma3_model(mc, vocab_size, bidirectional=kind == "masked")
+    if mc.arch != "gemma4":
+        raise ValueError(f"unknown model.arch {mc.arch!r} (expected 'gemma4' or 'gemma3')")
     if kind == "diffusion":
         return diffusion_model(mc, vocab_size)
     if kind == "ar":
         return causal_model(mc, vocab_size)
-    raise ValueError(f"unknown model kind {kind!r} (expected 'diffusion' or 'ar')")
+    if kind == "masked":
+        raise ValueError("kind 'masked' runs dense bidirectional Gemma 3 layers: set model.arch 'gemma3'")
+    raise ValueError(f"unknown model kind {kind!r} (expected 'diffusion', 'masked' or 'ar')")
 
 
 def count_parameters(model) -> int:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dg_lsp.training.batches import IGNORE, CausalBatch, DiffusionBatch
+from dg_lsp.models import tokens
+from dg_lsp.training.batches import IGNORE, CausalBatch, DiffusionBatch, MaskedBatch
 
 
 @dataclass
@@ -106,3 +107,37 @@ def causal_middle_loss(model, batch: CausalBatch) -> float:
             logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=IGNORE
         )
     )
+
+
+def masked_loss(
+    model,
+    batch: MaskedBatch,
+    gen: torch.Generator | None,
+    t_min: float = 1e-3,
+    context_mask_prob: float = 0.5,
+    t: torch.Tensor | None = None,
+) -> Losses:
+    """Absorbing-state diffusion: each canvas token becomes `<mask>` with probability t ~ U(t_min, 1); for
+    `context_mask_prob` of the rows the prefix/suffix are masked at the same rate (whole-sequence masked
+    diffusion, many more loss positions per pass). Mean CE over masked positions, i.e. the ELBO's 1/t
+    weighting normalised per row. `canvas` reports the canvas part, `ar` the context part."""
+    ids = batch.input_ids
+    bsz = ids.shape[0]
+    if t is None:
+        t = t_min + (1 - t_min) * torch.rand(bsz, generator=gen)
+    noise = torch.rand(ids.shape, generator=gen) < t[:, None].cpu()
+    whole = torch.rand(bsz, generator=gen) < context_mask_prob
+    region = batch.canvas_mask.cpu() | (batch.context_mask.cpu() & whole[:, None])
+    hide = (noise & region).to(ids.device)
+    hide |= batch.canvas_mask & ~hide.any(dim=1, keepdim=True)  # at least one masked position per row
+    noisy = torch.where(hide, torch.full_like(ids, tokens.MASK_ID), ids)
+    logits = model(input_ids=noisy, attention_mask=batch.attention_mask).logits.float()
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="none")
+    ce = ce.view_as(ids) * hide
+    total = (ce.sum(dim=1) / hide.sum(dim=1).clamp(min=1)).mean()
+    ce = ce.detach()
+    on_canvas = hide & batch.canvas_mask
+    on_context = hide & batch.context_mask
+    canvas = float(ce[on_canvas].sum() / on_canvas.sum().clamp(min=1))
+    context = float(ce[on_context].sum() / on_context.sum()) if on_context.any() else float("nan")
+    return Losses(total, canvas, context)

@@ -1,10 +1,12 @@
 """Copy a run's best checkpoint into the package, as fp16 safetensors, only if it beats the shipped one.
 
-    python -m dg_lsp.training.ship runs/diffusion-cpu-2h                       # -> dg_lsp/models/embedded
-    python -m dg_lsp.training.ship runs/ar-cpu-2h --dest dg_lsp/models/ar_twin
+    python -m dg_lsp.training.ship runs/masked-cpu                        # -> dg_lsp/models/embedded
+    python -m dg_lsp.training.ship runs/ar-gemma3-cpu --dest dg_lsp/models/ar_twin
 
 "Beats" means a lower held-out loss in `best/metrics.json` than the `metrics.json` already in the
-destination, on the same fixed held-out examples (same corpus, tokenizer and eval definition).
+destination, on the same fixed held-out examples (same corpus, tokenizer and eval definition). Losses
+of different kinds (DiffusionGemma, masked, AR) measure different things and are not comparable: a
+change of kind needs `--force`, after `benchmarks/model_quality.py` has shown the new kind is better.
 """
 
 from __future__ import annotations
@@ -19,29 +21,53 @@ PACKAGE_MODELS = Path(__file__).resolve().parent.parent / "models"
 MAX_MB = 25.0
 
 
+ARCHS = {
+    "diffusion": "DiffusionGemmaForBlockDiffusion (uniform-noise block diffusion)",
+    "masked": "Gemma3ForCausalLM run bidirectionally: masked (absorbing-state) diffusion, LLaDA-style",
+    "ar": "causal LM (AR twin)",
+}
+LOSSES = {
+    "diffusion": "canvas CE, t on a fixed grid",
+    "masked": "CE on masked canvas positions, t on a fixed grid",
+    "ar": "middle+EOS CE",
+}
+
+
+def kind_of(config) -> str:
+    if config.model_type == "diffusion_gemma":
+        return "diffusion"
+    return "masked" if getattr(config, "use_bidirectional_attention", False) is True else "ar"
+
+
 def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind: str) -> str:
     cfg = json.loads((run / "config.json").read_text())
     steps = [h for h in history if "tokens" in h]
     last = steps[-1] if steps else {}
     m = cfg["model"]
-    arch = "DiffusionGemmaForBlockDiffusion" if kind == "diffusion" else "Gemma4ForCausalLM (AR twin)"
+    moe = (
+        f"MoE {m['num_experts']} experts top-{m['top_k_experts']}"
+        if m.get("arch", "gemma4") == "gemma4"
+        else f"dense MLP {m['intermediate_size']}"
+    )
+    canvas = (
+        f"canvas buckets {m.get('canvas_buckets')}" if kind == "masked" else f"canvas {m['canvas_length']}"
+    )
     return "\n".join(
         [
-            f"# dg-lsp {'embedded model' if kind == 'diffusion' else 'AR twin'}",
+            f"# dg-lsp {'AR twin' if kind == 'ar' else 'embedded model'}",
             "",
-            f"{arch}, {params / 1e6:.2f}M parameters, fp16 safetensors; trained from scratch by",
+            f"{ARCHS[kind]}, {params / 1e6:.2f}M parameters, fp16 safetensors; trained from scratch by",
             "`dg-lsp train` (see `dg_lsp/training/README.md`) on the licensed corpus listed in",
             "`dg_lsp/training/corpus_manifest.json` (Python stdlib, pinned PyPI packages, npm packages).",
             "",
             f"- layers {m['num_hidden_layers']}, hidden {m['hidden_size']}, heads {m['num_attention_heads']}"
-            f" (kv {m['num_key_value_heads']}, head_dim {m['head_dim']}), MoE {m['num_experts']} experts"
-            f" top-{m['top_k_experts']}, canvas {m['canvas_length']}, vocab 8192 byte-level BPE",
+            f" (kv {m['num_key_value_heads']}, head_dim {m['head_dim']}), {moe}, {canvas},"
+            f" vocab 8192 byte-level BPE",
             f"- trained on prompts of at most {max(cfg['data']['context_tokens'])} prefix+suffix tokens:"
             f" keep the engine's prompt budget near that (tokenizer `model_max_length`)",
             f"- {last.get('step', '?')} steps x batch {cfg['batch_size']}, {last.get('tokens', 0) / 1e6:.2f}M"
-            f" tokens, {last.get('time', 0) / 60:.0f} min on 1 shared CPU thread",
-            f"- held-out loss at step {metrics['step']}: {metrics['valid_loss']:.4f}"
-            f" ({'canvas CE, t on a fixed grid' if kind == 'diffusion' else 'middle+EOS CE'})",
+            f" tokens, {last.get('time', 0) / 60:.0f} min on {cfg.get('threads', 1)} shared CPU thread(s)",
+            f"- held-out loss at step {metrics['step']}: {metrics['valid_loss']:.4f} ({LOSSES[kind]})",
             "",
             "Licence: Apache-2.0 (dg-lsp); training data licences are in the corpus manifest.",
             "",
@@ -56,15 +82,18 @@ def ship(run: Path, dest: Path, force: bool = False, prompt_tokens: int | None =
 
     best = run / "best"
     metrics = json.loads((best / "metrics.json").read_text())
+    kind = kind_of(AutoConfig.from_pretrained(best))
     old = dest / "metrics.json"
     if old.exists() and not force:
         previous = json.loads(old.read_text())
+        if previous.get("kind", "diffusion" if dest.name == "embedded" else "ar") != kind:
+            print(f"not shipped: {kind} replaces a {previous.get('kind')} model; compare them, then --force")
+            return False
         if previous["valid_loss"] <= metrics["valid_loss"]:
             print(
                 f"not shipped: held-out {metrics['valid_loss']:.4f} >= shipped {previous['valid_loss']:.4f}"
             )
             return False
-    kind = "diffusion" if AutoConfig.from_pretrained(best).model_type == "diffusion_gemma" else "ar"
     cls = DiffusionGemmaForBlockDiffusion if kind == "diffusion" else AutoModelForCausalLM
     model = cls.from_pretrained(best, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(best)
@@ -74,7 +103,7 @@ def ship(run: Path, dest: Path, force: bool = False, prompt_tokens: int | None =
     size_mb = sum(p.stat().st_size for p in dest.glob("*.safetensors")) / 2**20
     if size_mb > MAX_MB:
         raise SystemExit(f"checkpoint is {size_mb:.1f} MB > {MAX_MB} MB: not shippable")
-    old.write_text(json.dumps(metrics) + "\n")
+    old.write_text(json.dumps({**metrics, "kind": kind}) + "\n")
     history = json.loads((run / "history.json").read_text()) if (run / "history.json").exists() else []
     (dest / "README.md").write_text(_model_card(run, metrics, history, count_parameters(model), kind))
     print(f"shipped {best} -> {dest} ({size_mb:.1f} MB, held-out {metrics['valid_loss']:.4f})")

@@ -23,13 +23,15 @@ from dg_lsp.training.batches import (
     causal_batch,
     diffusion_batch,
     draw_budget,
+    draw_canvas_length,
+    masked_batch,
     to_device,
     tokenize_fim,
 )
 from dg_lsp.training.config import TrainConfig, config_from_dict, load_config
 from dg_lsp.training.corpus import Doc, load_docs
 from dg_lsp.training.models import build_model, count_parameters, export
-from dg_lsp.training.objectives import causal_loss, causal_middle_loss, diffusion_loss
+from dg_lsp.training.objectives import causal_loss, causal_middle_loss, diffusion_loss, masked_loss
 from dg_lsp.training.spans import sample_fim
 
 
@@ -68,7 +70,20 @@ def step_loss(cfg: TrainConfig, model, examples: list[Example], gen: torch.Gener
         if cfg.kind == "diffusion":
             batch = to_device(diffusion_batch(examples, cfg.model.canvas_length), cfg.device)
             return diffusion_loss(model, batch, gen, cfg.t_min, cfg.self_cond_prob, cfg.ar_loss_weight)
+        if cfg.kind == "masked":
+            batch = to_device(
+                _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
+            )
+            return masked_loss(model, batch, gen, cfg.t_min, cfg.context_mask_prob)
         return causal_loss(model, to_device(causal_batch(examples), cfg.device))
+
+
+def _masked_batch(cfg: TrainConfig, examples: list[Example], r: torch.Tensor):
+    lengths = [
+        draw_canvas_length(len(e.middle_ids), cfg.model.canvas_buckets, float(x))
+        for e, x in zip(examples, r, strict=True)
+    ]
+    return masked_batch(examples, lengths)
 
 
 def valid_examples(cfg: TrainConfig, tokenizer, docs: list[Doc]) -> list[list[Example]]:
@@ -83,7 +98,8 @@ def valid_examples(cfg: TrainConfig, tokenizer, docs: list[Doc]) -> list[list[Ex
 
 @torch.no_grad()
 def evaluate(cfg: TrainConfig, model, batches: list[list[Example]]) -> dict[str, float]:
-    """Held-out loss on the canvas (diffusion: t on a fixed grid, no self-conditioning) or the middle (AR)."""
+    """Held-out loss on the canvas (diffusion and masked: t on a fixed grid, no self-conditioning) or the
+    middle (AR). The second figure is the encoder AR loss, the masked model's context CE, or PSM CE."""
     model.eval()
     total, n = 0.0, 0
     ar_total = 0.0
@@ -95,6 +111,14 @@ def evaluate(cfg: TrainConfig, model, batches: list[list[Example]]) -> dict[str,
             losses = diffusion_loss(model, batch, gen, self_cond_prob=0.0, ar_weight=1.0, t=t)
             total += losses.canvas
             ar_total += losses.ar
+        elif cfg.kind == "masked":
+            gen = torch.Generator().manual_seed(i)
+            batch = to_device(
+                _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
+            )
+            t = (torch.arange(len(examples)) + 0.5) / len(examples)
+            total += masked_loss(model, batch, gen, context_mask_prob=0.0, t=t).canvas
+            ar_total += masked_loss(model, batch, gen, context_mask_prob=1.0, t=t).ar
         else:
             batch = to_device(causal_batch(examples), cfg.device)
             total += causal_middle_loss(model, batch)
@@ -140,19 +164,30 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
     train = [h for h in history if "loss" in h]
     k = max(1, len(train) // 60)
     diffusion = bool(train) and not math.isnan(train[0].get("canvas", math.nan))
+    masked = "masked" in title
     series = (
-        [("canvas", "train canvas CE"), ("ar", "train encoder AR CE")]
+        [("canvas", "train canvas CE"), ("ar", "train context CE (whole-sequence rows)")]
+        if masked
+        else [("canvas", "train canvas CE"), ("ar", "train encoder AR CE")]
         if diffusion
         else [("ar", "train PSM next-token CE")]
     )
     for key, label in series:
-        ax.plot([h["step"] for h in train], _smooth([h[key] for h in train], k), label=label)
+        pts = [(h["step"], h[key]) for h in train if not math.isnan(h[key])]
+        if pts:
+            ax.plot([p[0] for p in pts], _smooth([p[1] for p in pts], k), label=label)
     valid = [h for h in history if "valid_loss" in h]
     if valid:
         steps = [h["step"] for h in valid]
         label = "held-out canvas CE" if diffusion else "held-out middle+EOS CE"
         ax.plot(steps, [h["valid_loss"] for h in valid], "o-", label=label)
-        ar_label = "held-out encoder AR CE" if diffusion else "held-out PSM CE"
+        ar_label = (
+            "held-out context CE (all masked at t)"
+            if masked
+            else "held-out encoder AR CE"
+            if diffusion
+            else "held-out PSM CE"
+        )
         ax.plot(steps, [h["valid_ar_loss"] for h in valid], "s--", label=ar_label)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats)")
@@ -190,7 +225,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--max-minutes", type=float)
-    ap.add_argument("--kind", choices=["diffusion", "ar"], help="override the config's model kind")
+    ap.add_argument("--kind", choices=["diffusion", "masked", "ar"], help="override the config's model kind")
     ap.add_argument("--corpus", help="override data.corpus")
     ap.add_argument("--tokenizer", help="override data.tokenizer")
     ap.add_argument("--threads", type=int)
@@ -295,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                 export(model, tokenizer, out / "best", dtype=torch.float32)
                 (out / "best" / "metrics.json").write_text(json.dumps({"step": step, **metrics}) + "\n")
             plot_history(history, out / "loss.png", f"{cfg.kind} ({n_params / 1e6:.1f}M params)")
+        if step in cfg.snapshot_steps:
+            export(model, tokenizer, out / f"step-{step}", dtype=torch.float32)
         if step % cfg.save_every == 0 or done:
             save_checkpoint(ckpt_path, model, opt, step, time.perf_counter() - start, history, best, cfg)
     bar.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -115,6 +116,67 @@ def test_deterministic_candidates_and_cancel(masked_engine):
     finally:
         handle.remove()
     assert len(calls) == 2
+
+
+def collapsing_model(engine, request, length, word):
+    """Shape the tiny model's beliefs like a weakly trained EOS-padded one: the tail is surely EOS, and
+    the first position says `word` unless the canvas already holds an EOS, then EOS too (collapse)."""
+    _ids, start = engine.canvas(request, length)
+    eos = engine.tokenizer.eos_token_id
+
+    def hook(_module, args, kwargs, out):
+        x = kwargs["input_ids"]
+        logits = out.logits
+        logits[:, start + 1 : start + length] = -10.0
+        logits[:, start + 1 : start + length, eos] = 10.0
+        seen_eos = (x[:, start : start + length] == eos).any(dim=-1)
+        logits[:, start] = -10.0
+        logits[:, start, word] = torch.where(seen_eos, -10.0, 2.0)  # p ~ 0.6: below the threshold
+        logits[:, start, eos] = torch.where(seen_eos, 10.0, 1.5)
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("frontier", [True, False])
+def test_eos_is_committed_only_at_the_frontier(masked_engine, frontier):
+    masked_engine.use_continuation_cache = False
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
+    saved = masked_engine.cfg
+    masked_engine.cfg = dataclasses.replace(saved, stop_at_frontier=frontier, dual_cache=False)
+    handle = collapsing_model(masked_engine, req, 8, word)
+    try:
+        result = masked_engine.infill(req)
+    finally:
+        handle.remove()
+        masked_engine.cfg = saved
+    if frontier:  # the word first, then the EOS at the new frontier ends the span
+        assert result.candidates[0].token_ids == [word] and masked_engine.last_commits == [1, 1]
+    else:  # the confident EOS tail goes first and the span collapses to empty
+        assert result.candidates[0].token_ids == [] and masked_engine.last_commits[0] == 7
+
+
+def test_blocks_unmask_left_to_right(masked_engine):
+    masked_engine.use_continuation_cache = False
+    saved = masked_engine.cfg
+    masked_engine.cfg = dataclasses.replace(saved, block_length=4, threshold=None, stop_at_frontier=False)
+    firsts = []
+    handle = masked_engine.model.register_forward_pre_hook(
+        lambda _m, _a, kw: firsts.append(kw["input_ids"][0].tolist()), with_kwargs=True
+    )
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=4)
+    try:
+        result = masked_engine.infill(req)
+    finally:
+        handle.remove()
+        masked_engine.cfg = saved
+    _, start = masked_engine.canvas(req, 16)
+    mask = masked_engine.mask_id
+    for before, after in itertools.pairwise(firsts):  # each pass fills exactly the next block
+        done = [i for i in range(16) if before[start + i] == mask and after[start + i] != mask]
+        assert done and max(done) - min(done) < 4 and min(done) % 4 == 0
+    assert result.stats.forward_passes == len(firsts) <= 4
 
 
 def test_fill_after_stop_fills_only_the_tail():

@@ -97,3 +97,12 @@ def test_stable_and_confident():
     assert sampler.stable_and_confident([b, a], a, sure, 1, 0.01).tolist() == [True, True]
     assert sampler.stable_and_confident([b, a], a, unsure, 1, 0.01).tolist() == [False, False]
     assert sampler.stable_and_confident([], a, sure, 0, 0.01).tolist() == [True, True]
+
+
+def test_frontier_block_window_and_blocks_left():
+    masked = torch.tensor([[False, True, True, False, True, True, True, True], [False] * 8])
+    assert sampler.frontier(masked).tolist() == [[False, True] + [False] * 6, [False] * 8]
+    assert sampler.block_window(masked, 4).tolist()[0] == [True] * 4 + [False] * 4
+    assert sampler.block_window(masked[:, 3:], 4).tolist()[0] == [False, False, False, False, True]
+    assert sampler.blocks_left(masked, 4) == 2 and sampler.blocks_left(masked, 3) == 3
+    assert sampler.blocks_left(masked[1:], 4) == 0

@@ -28,6 +28,13 @@ TINY = {
     "data": {"context_tokens": [48], "valid_samples": 8},
     "batch_size": 4, "lr": 3e-3, "warmup_steps": 2, "max_steps": 20, "eval_every": 6, "save_every": 4,
 }  # fmt: skip
+TINY_MASKED = {
+    **TINY,
+    "kind": "masked",
+    "model": {"arch": "gemma3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "canvas_length": 16,
+              "canvas_buckets": [8, 16]},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +138,51 @@ def test_padded_rows_score_like_unpadded_rows(tiny_model_dir):
     torch.testing.assert_close(out[:1], ref, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["diffusion", "ar"])
+def test_masked_batches_lay_the_canvas_in_place():
+    """`[bos] prefix middle EOS… suffix`, as `MaskedDiffusionEngine.canvas` lays out `[MASK]`s."""
+    ex = batches.Example([10, 11], [20, 21, 22], [30, 31, 32])
+    short = batches.Example([12], [], [33])
+    b = batches.masked_batch([ex, short], [8, 16])
+    row = [tokens.BOS_ID, 10, 11, 30, 31, 32, *[tokens.EOS_ID] * 5, 20, 21, 22]
+    assert b.input_ids[0].tolist() == row + [tokens.PAD_ID] * (18 - len(row))
+    assert b.canvas_mask[0].tolist()[3:11] == [True] * 8 and b.canvas_mask[0].sum() == 8
+    assert b.context_mask[0].tolist()[:3] == [False, True, True] and b.context_mask[0].sum() == 5
+    assert b.attention_mask[1].sum() == 1 + 1 + 16 and b.canvas_mask[1].sum() == 16
+    assert batches.draw_canvas_length(7, [8, 16, 32], 0.0) == 8
+    assert batches.draw_canvas_length(8, [8, 16, 32], 0.0) == 16  # the middle needs one EOS after it
+    assert batches.draw_canvas_length(8, [8, 16, 32], 0.99) == 32
+    assert batches.draw_canvas_length(40, [8, 16, 32], 0.5) == 32  # too long: the longest, middle cut
+
+
+def test_masked_loss_hides_only_the_canvas_when_context_stays_clean():
+    from dg_lsp.training.models import build_model
+
+    cfg = train.config_from_dict(TINY_MASKED)
+    torch.manual_seed(0)
+    model = build_model("masked", cfg.model, 400).eval()
+    b = batches.masked_batch([batches.Example(list(range(40, 50)), [60, 61], list(range(70, 75)))], [8])
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(i[0].clone()))
+    one = torch.tensor([1.0])
+    with torch.no_grad():
+        clean = objectives.masked_loss(
+            model, b, torch.Generator().manual_seed(0), context_mask_prob=0.0, t=one
+        )
+        whole = objectives.masked_loss(
+            model, b, torch.Generator().manual_seed(0), context_mask_prob=1.0, t=one
+        )
+    hook.remove()
+    hidden = seen[0] == tokens.MASK_ID
+    assert hidden[0].tolist() == b.canvas_mask[0].tolist()
+    assert (seen[1] == tokens.MASK_ID)[0].tolist() == (b.canvas_mask | b.context_mask)[0].tolist()
+    assert clean.canvas > 0 and whole.ar > 0 and clean.ar != clean.ar  # NaN: no context was hidden
+
+
+@pytest.mark.parametrize("kind", ["diffusion", "masked", "ar"])
 def test_tiny_run_learns_resumes_and_exports(tiny_data, tmp_path, kind, capsys):
     corpus_dir, tok_dir = tiny_data
     cfg_path = tmp_path / "tiny.json"
-    cfg_path.write_text(json.dumps({**TINY, "kind": kind}))
+    cfg_path.write_text(json.dumps({**(TINY_MASKED if kind == "masked" else TINY), "kind": kind}))
     out = tmp_path / "run"
     common = [str(cfg_path), "--out", str(out), "--corpus", str(corpus_dir), "--tokenizer", str(tok_dir),
               "--no-progress"]  # fmt: skip
@@ -161,6 +208,19 @@ def test_tiny_run_learns_resumes_and_exports(tiny_data, tmp_path, kind, capsys):
         assert ship(out, dest)
         shipped = DiffusionGemmaForBlockDiffusion.from_pretrained(dest)
         assert shipped.dtype == torch.float16 and (dest / "tokenizer.json").exists()
+        assert not ship(out, dest), "an equal held-out loss must not replace the shipped checkpoint"
+    elif kind == "masked":
+        from dg_lsp.engine.loader import load_engine
+        from dg_lsp.engine.types import InfillRequest
+        from dg_lsp.settings import Settings
+
+        dest = tmp_path / "shipped"
+        assert ship(out, dest)
+        assert json.loads((dest / "metrics.json").read_text())["kind"] == "masked"
+        engine = load_engine(Settings(model=str(dest)))
+        assert engine.name == "masked"
+        result = engine.infill(InfillRequest("def f(x):\n    return ", "\n", max_tokens=8))
+        assert result.stats.forward_passes >= 1 and len(result.candidates) == 1
         assert not ship(out, dest), "an equal held-out loss must not replace the shipped checkpoint"
     else:
         from transformers import AutoModelForCausalLM
