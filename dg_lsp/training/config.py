@@ -70,6 +70,9 @@ class TrainConfig:
     # masked kind: share of examples whose context is masked at the same rate as the canvas (plain
     # whole-sequence masked diffusion: more loss positions per pass); the rest mask only the canvas
     context_mask_prob: float = 0.5
+    # masked kind: Dream/DiffuCoder-style, position i's token is read from logits at i-1, which lets the
+    # model start from a causal checkpoint's next-token head (`dg-lsp train --init-from AR_RUN`)
+    logits_shift: bool = False
     # export OUT/step-N at these steps (for comparisons at a matched token budget)
     snapshot_steps: list[int] = field(default_factory=list)
     eval_every: int = 200

@@ -62,7 +62,7 @@ def causal_model(mc: ModelConfig, vocab_size: int):
     return Gemma4ForCausalLM(config)
 
 
-def gemma3_model(mc: ModelConfig, vocab_size: int, bidirectional: bool):
+def gemma3_model(mc: ModelConfig, vocab_size: int, bidirectional: bool, logits_shift: bool = False):
     """Dense Gemma 3 layers: bidirectional = the masked-diffusion model (LLaDA-style, no logit shift, read
     by the `masked` backend), causal = its AR twin with the very same weights layout."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -84,15 +84,15 @@ def gemma3_model(mc: ModelConfig, vocab_size: int, bidirectional: bool):
     )
     if bidirectional:
         config.mask_token_id = tokens.MASK_ID
-        config.dg_lsp_logits_shift = False
+        config.dg_lsp_logits_shift = logits_shift
     return Gemma3ForCausalLM(config)
 
 
-def build_model(kind: str, mc: ModelConfig, vocab_size: int):
+def build_model(kind: str, mc: ModelConfig, vocab_size: int, logits_shift: bool = False):
     if mc.arch == "gemma3":
         if kind == "diffusion":
             raise ValueError("kind 'diffusion' is DiffusionGemma: it needs model.arch 'gemma4'")
-        return gemma3_model(mc, vocab_size, bidirectional=kind == "masked")
+        return gemma3_model(mc, vocab_size, bidirectional=kind == "masked", logits_shift=logits_shift)
     if mc.arch != "gemma4":
         raise ValueError(f"unknown model.arch {mc.arch!r} (expected 'gemma4' or 'gemma3')")
     if kind == "diffusion":

@@ -116,11 +116,13 @@ def masked_loss(
     t_min: float = 1e-3,
     context_mask_prob: float = 0.5,
     t: torch.Tensor | None = None,
+    shift: bool = False,
 ) -> Losses:
     """Absorbing-state diffusion: each canvas token becomes `<mask>` with probability t ~ U(t_min, 1); for
     `context_mask_prob` of the rows the prefix/suffix are masked at the same rate (whole-sequence masked
     diffusion, many more loss positions per pass). Mean CE over masked positions, i.e. the ELBO's 1/t
-    weighting normalised per row. `canvas` reports the canvas part, `ar` the context part."""
+    weighting normalised per row. `canvas` reports the canvas part, `ar` the context part. `shift`: the
+    token at i is predicted by the logits at i-1 (Dream-style; position 0 is BOS, never masked)."""
     ids = batch.input_ids
     bsz = ids.shape[0]
     if t is None:
@@ -132,12 +134,16 @@ def masked_loss(
     hide |= batch.canvas_mask & ~hide.any(dim=1, keepdim=True)  # at least one masked position per row
     noisy = torch.where(hide, torch.full_like(ids, tokens.MASK_ID), ids)
     logits = model(input_ids=noisy, attention_mask=batch.attention_mask).logits.float()
+    canvas_mask, context_mask = batch.canvas_mask, batch.context_mask
+    if shift:
+        logits, ids, hide = logits[:, :-1], ids[:, 1:], hide[:, 1:]
+        canvas_mask, context_mask = canvas_mask[:, 1:], context_mask[:, 1:]
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids.reshape(-1), reduction="none")
     ce = ce.view_as(ids) * hide
     total = (ce.sum(dim=1) / hide.sum(dim=1).clamp(min=1)).mean()
     ce = ce.detach()
-    on_canvas = hide & batch.canvas_mask
-    on_context = hide & batch.context_mask
+    on_canvas = hide & canvas_mask
+    on_context = hide & context_mask
     canvas = float(ce[on_canvas].sum() / on_canvas.sum().clamp(min=1))
     context = float(ce[on_context].sum() / on_context.sum()) if on_context.any() else float("nan")
     return Losses(total, canvas, context)

@@ -23,7 +23,7 @@ MAX_MB = 25.0
 
 ARCHS = {
     "diffusion": "DiffusionGemmaForBlockDiffusion (uniform-noise block diffusion)",
-    "masked": "Gemma3ForCausalLM run bidirectionally: masked (absorbing-state) diffusion, LLaDA-style",
+    "masked": "Gemma3ForCausalLM run bidirectionally: masked (absorbing-state) diffusion",
     "ar": "causal LM (AR twin)",
 }
 LOSSES = {
@@ -49,6 +49,21 @@ def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind
         if m.get("arch", "gemma4") == "gemma4"
         else f"dense MLP {m['intermediate_size']}"
     )
+    if kind == "masked":
+        moe += (
+            ", logits shifted by one (Dream-style)"
+            if cfg.get("logits_shift")
+            else ", no logit shift (LLaDA-style)"
+        )
+    init = next((h for h in history if "init_from" in h), None)
+    origin = (
+        [
+            f"- initialised from `{init['init_from']}` ({init['init_kind']}) at step {init['step']}: adapted"
+            " from the causal model like Dream/DiffuCoder; step and token counts below include those steps"
+        ]
+        if init
+        else []
+    )
     canvas = (
         f"canvas buckets {m.get('canvas_buckets')}" if kind == "masked" else f"canvas {m['canvas_length']}"
     )
@@ -63,6 +78,7 @@ def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind
             f"- layers {m['num_hidden_layers']}, hidden {m['hidden_size']}, heads {m['num_attention_heads']}"
             f" (kv {m['num_key_value_heads']}, head_dim {m['head_dim']}), {moe}, {canvas},"
             f" vocab 8192 byte-level BPE",
+            *origin,
             f"- trained on prompts of at most {max(cfg['data']['context_tokens'])} prefix+suffix tokens:"
             f" keep the engine's prompt budget near that (tokenizer `model_max_length`)",
             f"- {last.get('step', '?')} steps x batch {cfg['batch_size']}, {last.get('tokens', 0) / 1e6:.2f}M"
@@ -75,12 +91,14 @@ def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind
     )
 
 
-def ship(run: Path, dest: Path, force: bool = False, prompt_tokens: int | None = None) -> bool:
+def ship(
+    run: Path, dest: Path, force: bool = False, prompt_tokens: int | None = None, which: str = "best"
+) -> bool:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DiffusionGemmaForBlockDiffusion
 
     from dg_lsp.training.models import count_parameters, export
 
-    best = run / "best"
+    best = run / which
     metrics = json.loads((best / "metrics.json").read_text())
     kind = kind_of(AutoConfig.from_pretrained(best))
     old = dest / "metrics.json"
@@ -116,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dest", type=Path, default=PACKAGE_MODELS / "embedded")
     ap.add_argument("--force", action="store_true", help="ship even if not better (e.g. new tokenizer)")
     ap.add_argument("--prompt-tokens", type=int, help="tokenizer model_max_length to record")
+    ap.add_argument(
+        "--which",
+        default="best",
+        help="the run's export to ship: best (lowest held-out loss), step-N, final...",
+    )
     args = ap.parse_args(argv)
-    ship(args.run, args.dest, args.force, args.prompt_tokens)
+    ship(args.run, args.dest, args.force, args.prompt_tokens, args.which)
     return 0
 
 

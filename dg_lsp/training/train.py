@@ -74,7 +74,7 @@ def step_loss(cfg: TrainConfig, model, examples: list[Example], gen: torch.Gener
             batch = to_device(
                 _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
             )
-            return masked_loss(model, batch, gen, cfg.t_min, cfg.context_mask_prob)
+            return masked_loss(model, batch, gen, cfg.t_min, cfg.context_mask_prob, shift=cfg.logits_shift)
         return causal_loss(model, to_device(causal_batch(examples), cfg.device))
 
 
@@ -117,8 +117,8 @@ def evaluate(cfg: TrainConfig, model, batches: list[list[Example]]) -> dict[str,
                 _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
             )
             t = (torch.arange(len(examples)) + 0.5) / len(examples)
-            total += masked_loss(model, batch, gen, context_mask_prob=0.0, t=t).canvas
-            ar_total += masked_loss(model, batch, gen, context_mask_prob=1.0, t=t).ar
+            total += masked_loss(model, batch, gen, context_mask_prob=0.0, t=t, shift=cfg.logits_shift).canvas
+            ar_total += masked_loss(model, batch, gen, context_mask_prob=1.0, t=t, shift=cfg.logits_shift).ar
         else:
             batch = to_device(causal_batch(examples), cfg.device)
             total += causal_middle_loss(model, batch)
@@ -231,6 +231,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--device", help="cpu, cuda, cuda:1 ... (overrides the config)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--init-from",
+        type=Path,
+        help="start from another run's checkpoint.pt (weights, optimizer, step, clock): e.g. adapt the AR "
+        "twin into a Dream-style masked model (logits_shift) that continues its data and LR schedule",
+    )
+    ap.add_argument("--logits-shift", action="store_true", help="masked kind: Dream-style shifted logits")
     return ap.parse_args(argv)
 
 
@@ -249,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             "kind": args.kind,
             "threads": args.threads,
             "device": args.device,
+            "logits_shift": True if args.logits_shift else None,
         }.items()
         if v is not None
     }
@@ -276,9 +284,18 @@ def main(argv: list[str] | None = None) -> int:
     valid = valid_examples(cfg, tokenizer, load_docs(corpus / "valid.jsonl"))
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.kind, cfg.model, len(tokenizer)).to(cfg.device)
+    model = build_model(cfg.kind, cfg.model, len(tokenizer), cfg.logits_shift).to(cfg.device)
     opt = make_optimizer(cfg, model)
     step, elapsed, history, best = 0, 0.0, [], float("inf")
+    if state is None and args.init_from:
+        init = torch.load(args.init_from / "checkpoint.pt", weights_only=False, map_location="cpu")
+        model.load_state_dict(init["model"])
+        opt.load_state_dict(init["optimizer"])
+        step, elapsed = init["step"], init["elapsed"]
+        seen = next((h["tokens"] for h in reversed(init["history"]) if "tokens" in h), 0)
+        history = [{"step": step, "init_from": str(args.init_from), "init_kind": init["config"]["kind"],
+                    "tokens": seen}]  # fmt: skip
+        print(f"initialised from {args.init_from} at step {step} ({init['config']['kind']})")
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])

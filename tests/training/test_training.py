@@ -227,3 +227,32 @@ def test_tiny_run_learns_resumes_and_exports(tiny_data, tmp_path, kind, capsys):
 
         model = AutoModelForCausalLM.from_pretrained(best).eval()
         assert model.config.vocab_size == 400
+
+
+def test_ar_run_adapts_into_a_dream_style_masked_model(tiny_data, tmp_path):
+    """`--init-from` keeps the causal run's weights, step and data stream; `--logits-shift` reads token i
+    from logits at i-1, which the masked backend honours through `dg_lsp_logits_shift`."""
+    from dg_lsp.engine.loader import load_engine
+    from dg_lsp.engine.types import InfillRequest
+    from dg_lsp.settings import Settings
+
+    corpus_dir, tok_dir = tiny_data
+    cfg_path = tmp_path / "tiny.json"
+    cfg_path.write_text(json.dumps(TINY_MASKED))
+    data = ["--corpus", str(corpus_dir), "--tokenizer", str(tok_dir), "--no-progress"]
+    ar, dream = tmp_path / "ar", tmp_path / "dream"
+    assert train.main([str(cfg_path), "--kind", "ar", "--out", str(ar), "--max-steps", "8", *data]) == 0
+    args = [str(cfg_path), "--out", str(dream), "--init-from", str(ar), "--logits-shift", "--max-steps", "14"]
+    assert train.main([*args, *data]) == 0
+    history = json.loads((dream / "history.json").read_text())
+    assert history[0]["init_from"] == str(ar) and history[0]["step"] == 8
+    assert [h["step"] for h in history if "loss" in h] == list(range(9, 15))
+    causal = torch.load(ar / "checkpoint.pt", weights_only=False)["model"]
+    adapted = torch.load(dream / "checkpoint.pt", weights_only=False)["model"]
+    assert causal.keys() == adapted.keys()
+    assert json.loads((dream / "best" / "config.json").read_text())["dg_lsp_logits_shift"] is True
+    engine = load_engine(Settings(model=str(dream / "best")))
+    assert engine.name == "masked" and engine.shift
+    assert (
+        engine.infill(InfillRequest("def f(x):\n    return ", "\n", max_tokens=8)).stats.forward_passes >= 1
+    )
