@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         f"diffusion={ROOT / 'dg_lsp/models/embedded'}",
         f"AR twin={ROOT / 'dg_lsp/models/ar_twin'}",
     ]
-    models = dict(spec.split("=", 1) for spec in specs)
+    models = dict(spec.rsplit("=", 1) for spec in specs)
     tasks: list[Task] = []
     if (args.corpus / "valid.jsonl").exists() and args.spans > 0:
         tasks += held_out_tasks(

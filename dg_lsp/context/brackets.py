@@ -15,9 +15,17 @@ PAIR = {")": "(", "]": "[", "}": "{"}
 CLOSE_FOR = {"(": ")", "[": "]", "{": "}"}
 
 _LINE_COMMENT = {
-    "python": ("#",), "bash": ("#",), "lua": ("--",),
-    "javascript": ("//",), "typescript": ("//",), "tsx": ("//",), "go": ("//",), "rust": ("//",),
-    "c": ("//",), "cpp": ("//",), "java": ("//",),
+    "python": ("#",),
+    "bash": ("#",),
+    "lua": ("--",),
+    "javascript": ("//",),
+    "typescript": ("//",),
+    "tsx": ("//",),
+    "go": ("//",),
+    "rust": ("//",),
+    "c": ("//",),
+    "cpp": ("//",),
+    "java": ("//",),
 }
 _BLOCK_COMMENT_LANGS = frozenset({"javascript", "typescript", "tsx", "go", "rust", "c", "cpp", "java"})
 _RUST_CHAR = re.compile(r"'(\\.[^']*|[^\\'])'")
@@ -123,9 +131,9 @@ def open_quote(line: str, language: str | None) -> str:
     while i < n:
         ch = line[i]
         if language == "python" and line.startswith(('"""', "'''"), i):
-            end = line.find(line[i:i + 3], i + 3)
+            end = line.find(line[i : i + 3], i + 3)
             if end < 0:
-                return line[i:i + 3]
+                return line[i : i + 3]
             i = end + 3
             continue
         if ch in "\"'`":
@@ -133,7 +141,7 @@ def open_quote(line: str, language: str | None) -> str:
                 i += 1
                 continue
             # f-strings and template literals hold code between braces: `f"{x.`, `${a.`
-            fmt = (language == "python" and line[max(i - 2, 0):i].lower().count("f") > 0) or ch == "`"
+            fmt = (language == "python" and line[max(i - 2, 0) : i].lower().count("f") > 0) or ch == "`"
             depth = 0
             j = i + 1
             while j < n and (depth or line[j] != ch):

@@ -105,7 +105,7 @@ def _prev_code_line(text: str, line_start: int) -> str:
 def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
-    line = text[line_start: len(text) if line_end < 0 else line_end]
+    line = text[line_start : len(text) if line_end < 0 else line_end]
     before = text[line_start:offset]
     own = _leading_ws(line)
     if before.strip():

@@ -41,21 +41,21 @@ class DocumentSnapshot:
         """UTF-8 byte offset of every `_CHUNK`-th code point, so conversions touch one chunk only."""
         out = [0]
         for i in range(_CHUNK, len(self.text), _CHUNK):
-            out.append(out[-1] + len(self.text[i - _CHUNK:i].encode("utf-8")))
+            out.append(out[-1] + len(self.text[i - _CHUNK : i].encode("utf-8")))
         return out
 
     def to_byte(self, offset: int) -> int:
         if self.ascii:
             return offset
         k = min(offset // _CHUNK, len(self._chunk_bytes) - 1)
-        return self._chunk_bytes[k] + len(self.text[k * _CHUNK:offset].encode("utf-8"))
+        return self._chunk_bytes[k] + len(self.text[k * _CHUNK : offset].encode("utf-8"))
 
     def to_char(self, byte: int) -> int:
         if self.ascii:
             return byte
         k = bisect.bisect_right(self._chunk_bytes, byte) - 1
         data = self.data or self.text.encode("utf-8")
-        return k * _CHUNK + len(data[self._chunk_bytes[k]:byte].decode("utf-8", errors="replace"))
+        return k * _CHUNK + len(data[self._chunk_bytes[k] : byte].decode("utf-8", errors="replace"))
 
 
 def parse_snapshot(text: str, language: str | None, version: int = 0) -> DocumentSnapshot:

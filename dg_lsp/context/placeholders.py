@@ -43,7 +43,7 @@ def _in_string_or_comment(snapshot: DocumentSnapshot, offset: int) -> bool:
 
 
 def _alone_on_line(text: str, start: int) -> bool:
-    return not text[text.rfind("\n", 0, start) + 1:start].strip()
+    return not text[text.rfind("\n", 0, start) + 1 : start].strip()
 
 
 def _lines_with(text: str, needles: tuple[str, ...]) -> Iterator[tuple[int, str]]:
@@ -60,7 +60,7 @@ def _lines_with(text: str, needles: tuple[str, ...]) -> Iterator[tuple[int, str]
             i = text.find(needle, line_end)
     for start in sorted(starts):
         end = text.find("\n", start)
-        yield start, text[start: len(text) if end < 0 else end]
+        yield start, text[start : len(text) if end < 0 else end]
 
 
 def find_placeholders(snapshot: DocumentSnapshot) -> list[Placeholder]:

@@ -65,33 +65,102 @@ SPAN_KINDS: dict[str, SpanKind] = {
     )
 }
 
-FUNCTION_TYPES = frozenset({
-    "function_definition", "function_declaration", "method_declaration", "method_definition",
-    "function_item", "arrow_function", "function_expression", "generator_function_declaration",
-    "generator_function", "constructor_declaration", "func_literal", "lambda_expression",
-    "local_function", "function", "closure_expression", "compact_constructor_declaration",
-})
-DEFINITION_TYPES = FUNCTION_TYPES | frozenset({
-    "class_definition", "class_declaration", "class", "abstract_class_declaration",
-    "interface_declaration", "enum_declaration", "record_declaration", "impl_item", "trait_item",
-    "mod_item", "namespace_definition", "class_specifier", "struct_specifier", "internal_module",
-    "module", "object", "enum_item", "struct_item", "union_specifier", "annotation_type_declaration",
-})
-ARG_TYPES = frozenset({
-    "argument_list", "arguments", "parameters", "formal_parameters", "parameter_list",
-    "type_arguments", "template_argument_list", "lambda_parameters", "closure_parameters",
-})
-BRACKET_TYPES = frozenset({
-    "list", "dictionary", "set", "tuple", "parenthesized_expression", "list_comprehension",
-    "dictionary_comprehension", "set_comprehension", "generator_expression", "subscript", "array",
-    "object", "array_expression", "tuple_expression", "field_initializer_list", "literal_value",
-    "initializer_list", "array_initializer", "table_constructor", "subscript_expression",
-    "index_expression", "array_pattern", "object_pattern", "element_list",
-})
-_STRING_CODE = frozenset({
-    "interpolation", "template_substitution", "command_substitution", "expansion", "simple_expansion",
-    "format_expression", "string_interpolation",
-})
+FUNCTION_TYPES = frozenset(
+    {
+        "function_definition",
+        "function_declaration",
+        "method_declaration",
+        "method_definition",
+        "function_item",
+        "arrow_function",
+        "function_expression",
+        "generator_function_declaration",
+        "generator_function",
+        "constructor_declaration",
+        "func_literal",
+        "lambda_expression",
+        "local_function",
+        "function",
+        "closure_expression",
+        "compact_constructor_declaration",
+    }
+)
+DEFINITION_TYPES = FUNCTION_TYPES | frozenset(
+    {
+        "class_definition",
+        "class_declaration",
+        "class",
+        "abstract_class_declaration",
+        "interface_declaration",
+        "enum_declaration",
+        "record_declaration",
+        "impl_item",
+        "trait_item",
+        "mod_item",
+        "namespace_definition",
+        "class_specifier",
+        "struct_specifier",
+        "internal_module",
+        "module",
+        "object",
+        "enum_item",
+        "struct_item",
+        "union_specifier",
+        "annotation_type_declaration",
+    }
+)
+ARG_TYPES = frozenset(
+    {
+        "argument_list",
+        "arguments",
+        "parameters",
+        "formal_parameters",
+        "parameter_list",
+        "type_arguments",
+        "template_argument_list",
+        "lambda_parameters",
+        "closure_parameters",
+    }
+)
+BRACKET_TYPES = frozenset(
+    {
+        "list",
+        "dictionary",
+        "set",
+        "tuple",
+        "parenthesized_expression",
+        "list_comprehension",
+        "dictionary_comprehension",
+        "set_comprehension",
+        "generator_expression",
+        "subscript",
+        "array",
+        "object",
+        "array_expression",
+        "tuple_expression",
+        "field_initializer_list",
+        "literal_value",
+        "initializer_list",
+        "array_initializer",
+        "table_constructor",
+        "subscript_expression",
+        "index_expression",
+        "array_pattern",
+        "object_pattern",
+        "element_list",
+    }
+)
+_STRING_CODE = frozenset(
+    {
+        "interpolation",
+        "template_substitution",
+        "command_substitution",
+        "expansion",
+        "simple_expansion",
+        "format_expression",
+        "string_interpolation",
+    }
+)
 _CODE_SCOPES = ("block", "body", "statement", "declaration_list", "statement_list", "chunk", "program")
 _PLACEHOLDER_TEXT = re.compile(
     r"^(\.\.\.|…|pass|(todo|unimplemented)!\s*\(.*\);?|(#|//|--|/\*)\s*(fill|fill in|fill me)\s*(\*/)?)$",
@@ -168,8 +237,8 @@ def _is_docstring(string: tree_sitter.Node) -> bool:
 def _quote(snapshot: DocumentSnapshot, string: tree_sitter.Node) -> str:
     last = string.children[-1] if string.child_count else None
     if last is not None and (not last.is_named or last.type == "string_end") and not last.is_missing:
-        return snapshot.data[last.start_byte:last.end_byte].decode("utf-8", errors="replace")
-    head = snapshot.data[string.start_byte:string.start_byte + 3].decode("utf-8", errors="replace")
+        return snapshot.data[last.start_byte : last.end_byte].decode("utf-8", errors="replace")
+    head = snapshot.data[string.start_byte : string.start_byte + 3].decode("utf-8", errors="replace")
     return head[:3] if head[:3] in ('"""', "'''") else head[:1]
 
 
@@ -181,14 +250,14 @@ def _string_or_comment(snapshot: DocumentSnapshot, b: int, comments: bool) -> Sp
         if anc.type in _STRING_CODE:
             return None
         if is_comment(anc):
-            tail = snapshot.data[anc.end_byte - 2:anc.end_byte]
+            tail = snapshot.data[anc.end_byte - 2 : anc.end_byte]
             inside = anc.start_byte < b < anc.end_byte or (b == anc.end_byte and tail not in (b"*/", b"]]"))
             return kind("comment", enabled=comments) if inside else None
         if is_string(anc):
             if not anc.start_byte < b < anc.end_byte:
                 return None
             quote = _quote(snapshot, anc)
-            raw = snapshot.data[anc.start_byte:anc.end_byte]
+            raw = snapshot.data[anc.start_byte : anc.end_byte]
             multiline = b"\n" in raw or quote in ('"""', "'''")
             if snapshot.language == "python" and multiline and _is_docstring(anc):
                 return kind("docstring", quote=quote)

@@ -89,7 +89,7 @@ def indentation_issues(
             if child.type == "comment":
                 continue
             col = child.start_point[1]
-            if snapshot.data[child.start_byte - col:child.start_byte].strip():
+            if snapshot.data[child.start_byte - col : child.start_byte].strip():
                 continue  # shares its line with the header (`if x: return 1`)
             if column is None:
                 column = col
@@ -111,7 +111,7 @@ def error_count(snapshot: DocumentSnapshot, start_byte: int = 0, end_byte: int |
 
 def _line_range(text: str, start: int, end: int, max_lines: int = 12) -> tuple[int, int]:
     """Whole lines around [start, end), from the first line's indentation, at most `max_lines` lines."""
-    if not text[text.rfind("\n", 0, start) + 1:max(start, end)].strip():
+    if not text[text.rfind("\n", 0, start) + 1 : max(start, end)].strip():
         # an issue at the end of a line or of the file (a MISSING `fi`): repair the last code line
         back = len(text[:start].rstrip())
         if back:

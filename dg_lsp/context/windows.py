@@ -17,13 +17,21 @@ from dg_lsp.context.spans import DEFINITION_TYPES, ancestors, body_of
 CHARS_PER_TOKEN = 3.5
 """Cheap token estimate for code with a BPE vocabulary; no tokenizer needed to size windows."""
 
-IMPORT_TYPES = frozenset({
-    "import_statement", "import_from_statement", "future_import_statement",  # python, js/ts
-    "import_declaration", "package_clause",  # go
-    "use_declaration", "extern_crate_declaration",  # rust
-    "preproc_include", "using_declaration", "alias_declaration",  # c/cpp
-    "package_declaration",  # java
-})
+IMPORT_TYPES = frozenset(
+    {
+        "import_statement",
+        "import_from_statement",
+        "future_import_statement",  # python, js/ts
+        "import_declaration",
+        "package_clause",  # go
+        "use_declaration",
+        "extern_crate_declaration",  # rust
+        "preproc_include",
+        "using_declaration",
+        "alias_declaration",  # c/cpp
+        "package_declaration",  # java
+    }
+)
 HEADER_CHARS = 400
 """A header longer than this (a huge signature) is cut to its first line."""
 
@@ -149,13 +157,14 @@ def _imports(snapshot: DocumentSnapshot, before: int, budget: int) -> list[str]:
         if start >= before:
             break
         is_import = child.type in IMPORT_TYPES or (
-            snapshot.language == "lua" and child.type == "variable_declaration" and "require" in text[
-                start:snapshot.to_char(child.end_byte)]
+            snapshot.language == "lua"
+            and child.type == "variable_declaration"
+            and "require" in text[start : snapshot.to_char(child.end_byte)]
         )
         if not is_import:
             continue
         end = snapshot.to_char(child.end_byte)
-        piece = text[_line_start(text, start):end]
+        piece = text[_line_start(text, start) : end]
         if used + len(piece) + 1 > budget:
             break
         out.append(piece)

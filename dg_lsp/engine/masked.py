@@ -66,8 +66,12 @@ class MaskedSamplerConfig:
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
-        """Read `masked.*`-style keys (e.g. from `Settings.extra["masked"]`), ignoring unknown ones."""
-        opts = dict((options or {}).get("masked", options or {}))
+        """Read `masked.*`-style keys, snake or camelCase (e.g. from `Settings.extra["masked"]`), ignoring
+        unknown ones."""
+        from dg_lsp.settings import _snake
+
+        raw = dict((options or {}).get("masked", options or {}))
+        opts = {_snake(k): v for k, v in raw.items()}  # editors send camelCase (`blockLength`)
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in opts.items() if k in known}
         if "buckets" in kwargs:

@@ -29,7 +29,7 @@ def summarize(xs: Iterable[float]) -> str:
         s.push(x)
     return f"n={s.n} mean={s.mean:.3f} var={s.variance():.3f} home={os.getcwd()}"
 ''',
-    "javascript": '''import { readFile } from "node:fs/promises";
+    "javascript": """import { readFile } from "node:fs/promises";
 
 export class Cache {
   constructor(limit) {
@@ -51,8 +51,8 @@ export async function load(path) {
   const text = await readFile(path, "utf8");
   return JSON.parse(text);
 }
-''',
-    "typescript": '''import { EventEmitter } from "events";
+""",
+    "typescript": """import { EventEmitter } from "events";
 
 export interface Job {
   id: number;
@@ -77,8 +77,8 @@ export class Queue extends EventEmitter {
     return done;
   }
 }
-''',
-    "tsx": '''import React from "react";
+""",
+    "tsx": """import React from "react";
 
 type Props = { items: string[]; title: string };
 
@@ -95,8 +95,8 @@ export function List({ items, title }: Props) {
     </section>
   );
 }
-''',
-    "go": '''package main
+""",
+    "go": """package main
 
 import (
 \t"fmt"
@@ -118,8 +118,8 @@ func main() {
 \tc.Add([]string{"a", "B", "a"})
 \tfmt.Println(c.counts)
 }
-''',
-    "rust": '''use std::collections::HashMap;
+""",
+    "rust": """use std::collections::HashMap;
 
 pub struct Index {
     words: HashMap<String, Vec<usize>>,
@@ -140,8 +140,8 @@ impl Index {
         self.words.get(word).map(|v| v.as_slice()).unwrap_or(&[])
     }
 }
-''',
-    "c": '''#include <stdio.h>
+""",
+    "c": """#include <stdio.h>
 #include <stdlib.h>
 
 typedef struct {
@@ -163,8 +163,8 @@ int main(void) {
     printf("%d\\n", sum(&v));
     return 0;
 }
-''',
-    "cpp": '''#include <string>
+""",
+    "cpp": """#include <string>
 #include <vector>
 
 namespace text {
@@ -193,8 +193,8 @@ class Tokenizer {
 };
 
 }  // namespace text
-''',
-    "java": '''package demo;
+""",
+    "java": """package demo;
 
 import java.util.ArrayList;
 import java.util.List;
@@ -213,8 +213,8 @@ public class Inventory {
         return items.size();
     }
 }
-''',
-    "lua": '''local json = require("json")
+""",
+    "lua": """local json = require("json")
 
 local Stack = {}
 Stack.__index = Stack
@@ -236,8 +236,8 @@ function Stack:pop()
 end
 
 return Stack
-''',
-    "bash": '''#!/usr/bin/env bash
+""",
+    "bash": """#!/usr/bin/env bash
 set -euo pipefail
 
 log() {
@@ -253,5 +253,5 @@ backup() {
 }
 
 backup /etc /tmp/backup
-''',
+""",
 }

@@ -63,8 +63,11 @@ def test_incremental_edits_match_a_fresh_parse(language):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 8), st.text("ab(){}:é\n ", max_size=6)),
-                max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(0, 8), st.text("ab(){}:é\n ", max_size=6)), max_size=12
+    )
+)
 def test_random_edit_sequences_match_a_fresh_parse(edits):
     text = PROGRAMS["python"]
     trees = DocumentTrees()

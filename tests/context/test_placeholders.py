@@ -6,7 +6,7 @@ from dg_lsp.context import find_placeholders, parse_snapshot
 
 
 def _found(text: str, language: str | None) -> list[tuple[str, str]]:
-    return [(p.kind, text[p.start:p.end]) for p in find_placeholders(parse_snapshot(text, language))]
+    return [(p.kind, text[p.start : p.end]) for p in find_placeholders(parse_snapshot(text, language))]
 
 
 def test_python_placeholders():
@@ -29,11 +29,13 @@ def test_python_placeholders():
 
 
 def test_brace_languages():
-    c = "int main(void) {\n  /* fill */\n  // FIXME: free the buffer\n  char *s = \"/* fill */\";\n}\n"
+    c = 'int main(void) {\n  /* fill */\n  // FIXME: free the buffer\n  char *s = "/* fill */";\n}\n'
     assert _found(c, "c") == [("fill", "/* fill */"), ("todo", "// FIXME: free the buffer")]
-    rust = "fn f() -> i32 {\n    todo!()\n}\nfn g() {\n    unimplemented!(\"later\")\n}\n// TODO later\n"
+    rust = 'fn f() -> i32 {\n    todo!()\n}\nfn g() {\n    unimplemented!("later")\n}\n// TODO later\n'
     assert _found(rust, "rust") == [
-        ("todo_macro", "todo!()"), ("todo_macro", 'unimplemented!("later")'), ("todo", "// TODO later")
+        ("todo_macro", "todo!()"),
+        ("todo_macro", 'unimplemented!("later")'),
+        ("todo", "// TODO later"),
     ]
     js = "function f() {\n  ...\n}\nconst s = '...';\n"
     assert _found(js, "javascript") == [("ellipsis", "...")]
@@ -44,7 +46,7 @@ def test_brace_languages():
 def test_lua_bash_java_cpp_ts():
     lua = "local function f()\n  -- TODO: implement\nend\n"
     assert _found(lua, "lua") == [("todo", "-- TODO: implement")]
-    bash = "main() {\n  # FIXME quoting\n  echo \"# TODO no\"\n}\n"
+    bash = 'main() {\n  # FIXME quoting\n  echo "# TODO no"\n}\n'
     assert _found(bash, "bash") == [("todo", "# FIXME quoting")]
     java = "class A {\n  void f() {\n    /* fill */\n  }\n}\n"
     assert _found(java, "java") == [("fill", "/* fill */")]

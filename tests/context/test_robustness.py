@@ -18,8 +18,9 @@ from dg_lsp.context import (
 from .snippets import PROGRAMS
 
 code_text = st.lists(
-    st.sampled_from([*"ab1 _=+,.:;()[]{}\"'`\n\t#/\\", "    ", "def ", "if ", "{\n", "}\n", "é", "😀", "TODO",
-                     "..."]),
+    st.sampled_from(
+        [*"ab1 _=+,.:;()[]{}\"'`\n\t#/\\", "    ", "def ", "if ", "{\n", "}\n", "é", "😀", "TODO", "..."]
+    ),
     max_size=60,
 ).map("".join)
 
@@ -33,14 +34,14 @@ def test_any_text_any_cursor(language, text, data):
     end = data.draw(st.one_of(st.none(), st.integers(offset, len(text))))
     ctx = build_context(snap, offset, end_offset=end, max_prefix_tokens=8, max_suffix_tokens=4)
     stop = offset if end is None else end
-    assert ctx.prefix.endswith(text[ctx.prefix_start:offset]) or ctx.span.name == "placeholder"
-    assert ctx.suffix == text[stop:ctx.suffix_end]
+    assert ctx.prefix.endswith(text[ctx.prefix_start : offset]) or ctx.span.name == "placeholder"
+    assert ctx.suffix == text[stop : ctx.suffix_end]
     assert ctx.span.max_tokens > 0
     for issue in find_syntax_errors(snap):
         assert 0 <= issue.start <= issue.end <= len(text)
         assert 0 <= issue.repair_start <= issue.repair_end <= len(text)
     for ph in find_placeholders(snap):
-        assert 0 <= ph.start < ph.end <= len(text) and text[ph.start:ph.end] == ph.text
+        assert 0 <= ph.start < ph.end <= len(text) and text[ph.start : ph.end] == ph.text
     rank_candidates([("x", -1.0), (text[:5], -2.0)], ctx, snap)
 
 

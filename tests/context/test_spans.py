@@ -34,7 +34,7 @@ CASES = [
     ("javascript", "const xs = [1, 2, <|>];\n", "brackets", True),
     ("javascript", "console.log('sum', <|>);\n", "argument_list", True),
     ("javascript", "const s = `hi ${name<|>}`;\n", "line_rest", True),
-    ("javascript", "const greeting = \"Hello, <|>\";\n", "string", True),
+    ("javascript", 'const greeting = "Hello, <|>";\n', "string", True),
     ("javascript", "const s = `a ${user.<|>\n", "line_rest", True),
     ("javascript", "// compute the <|>\nlet x = 1;\n", "comment", True),
     ("javascript", "function f(a) {\n  const b = a * 2;\n  <|>\n  return b;\n}\n", "empty_line", False),
@@ -42,32 +42,32 @@ CASES = [
     ("javascript", "if (x {\n  y = [1, <|>\n", "brackets", True),  # inside error recovery
     # TypeScript / TSX
     ("typescript", "function len(s: string): number {\n  <|>\n}\n", "function_body", False),
-    ("typescript", "const m = new Map<string, number>([[\"a\", <|>]]);\n", "brackets", True),
+    ("typescript", 'const m = new Map<string, number>([["a", <|>]]);\n', "brackets", True),
     ("typescript", "interface P { x: number; }\nconst p: P = { x: <|> };\n", "brackets", True),
-    ("tsx", "const App = () => <div className=\"app\">{items.map(<|>)}</div>;\n", "argument_list", True),
+    ("tsx", 'const App = () => <div className="app">{items.map(<|>)}</div>;\n', "argument_list", True),
     ("tsx", "function App() {\n  <|>\n}\n", "function_body", False),
     # Go
     ("go", "package main\n\nfunc add(a, b int) int {\n\t<|>\n}\n", "function_body", False),
-    ("go", "package main\n\nfunc main() {\n\tfmt.Println(\"x\", <|>)\n}\n", "argument_list", True),
+    ("go", 'package main\n\nfunc main() {\n\tfmt.Println("x", <|>)\n}\n', "argument_list", True),
     ("go", "package main\n\nvar xs = []int{1, <|>}\n", "brackets", True),
     ("go", "package main\n\nfunc main() {\n\tx := 1\n\tif x > 0 {<|>\n\t}\n}\n", "block", False),
-    ("go", "package main\n\nvar s = \"abc<|>\"\n", "string", True),
+    ("go", 'package main\n\nvar s = "abc<|>"\n', "string", True),
     # Rust
     ("rust", "fn main() {\n    let v = vec![1, <|>];\n}\n", "brackets", True),
-    ("rust", "fn main() {\n    println!(\"{}\", <|>);\n}\n", "argument_list", True),
+    ("rust", 'fn main() {\n    println!("{}", <|>);\n}\n', "argument_list", True),
     ("rust", "fn sq(x: i32) -> i32 {\n    <|>\n}\n", "function_body", False),
-    ("rust", "fn main() {\n    let s = \"hello <|>\";\n}\n", "string", True),
-    ("rust", "fn main() {\n    let x = 1;\n    <|>\n    println!(\"{}\", x);\n}\n", "empty_line", False),
+    ("rust", 'fn main() {\n    let s = "hello <|>";\n}\n', "string", True),
+    ("rust", 'fn main() {\n    let x = 1;\n    <|>\n    println!("{}", x);\n}\n', "empty_line", False),
     # C
-    ("c", "#include <stdio.h>\nint main(void) {\n  printf(\"%d\\n\", <|>);\n}\n", "argument_list", True),
+    ("c", '#include <stdio.h>\nint main(void) {\n  printf("%d\\n", <|>);\n}\n', "argument_list", True),
     ("c", "int sum(int *a, int n) {\n  <|>\n}\n", "function_body", False),
     ("c", "int xs[] = {1, 2, <|>};\n", "brackets", True),
-    ("c", "char *s = \"abc<|>\nint y;\n", "string", True),
+    ("c", 'char *s = "abc<|>\nint y;\n', "string", True),
     ("c", "int main(void) {\n  /* count the <|> */\n  return 0;\n}\n", "comment", True),
     # C++
     ("cpp", "#include <vector>\nstd::vector<int> v{1, <|>};\n", "brackets", True),
     ("cpp", "class Stack {\n public:\n  int pop() {\n    <|>\n  }\n};\n", "function_body", False),
-    ("cpp", "int main() {\n  std::string s = \"ab<|>\";\n}\n", "string", True),
+    ("cpp", 'int main() {\n  std::string s = "ab<|>";\n}\n', "string", True),
     # Java
     ("java", "class A {\n  int twice(int x) {\n    <|>\n  }\n}\n", "function_body", False),
     ("java", "class A {\n  void f() {\n    System.out.println(<|>);\n  }\n}\n", "argument_list", True),
@@ -77,12 +77,12 @@ CASES = [
     ("lua", "local t = {1, 2, <|>}\n", "brackets", True),
     ("lua", "local function add(a, b)<|>\nend\n", "function_body", False),
     ("lua", "local function f(x)\n  if x > 0 then<|>\n  end\nend\n", "block", False),
-    ("lua", "print(\"x\", <|>)\n", "argument_list", True),
-    ("lua", "local s = \"abc<|>\"\n", "string", True),
+    ("lua", 'print("x", <|>)\n', "argument_list", True),
+    ("lua", 'local s = "abc<|>"\n', "string", True),
     # Bash
     ("bash", "greet() {\n  <|>\n}\n", "function_body", False),
-    ("bash", "echo \"hello <|>\"\n", "string", True),
-    ("bash", "for f in *.txt; do\n  echo \"$f\"\n  <|>\ndone\n", "empty_line", False),
+    ("bash", 'echo "hello <|>"\n', "string", True),
+    ("bash", 'for f in *.txt; do\n  echo "$f"\n  <|>\ndone\n', "empty_line", False),
     ("bash", "ls -la <|>\n", "line_rest", True),
 ]
 

@@ -29,7 +29,7 @@ VERDICTS = [
     ("cpp", "int f(std::vector<int>& v) {\n  return <|>;\n}\n", "v.size()", "v.size("),
     ("java", "class A {\n  int f(int x) {\n    return <|>;\n  }\n}\n", "x * 2", "x * "),
     ("lua", "local function f(x)\n  return <|>\nend\n", "x * 2", "x *"),
-    ("bash", "if [ -f \"$1\" ]; then\n  <|>\nfi\n", "cat \"$1\"", "cat \"$1"),
+    ("bash", 'if [ -f "$1" ]; then\n  <|>\nfi\n', 'cat "$1"', 'cat "$1'),
 ]
 
 
@@ -125,9 +125,9 @@ def test_find_syntax_errors(language, text, kind, needle):
     for issue in issues:
         assert 0 <= issue.start <= issue.end <= len(text)
         assert issue.repair_start <= issue.start and issue.repair_end >= min(issue.end, len(text) - 1)
-        assert text[issue.repair_start:issue.repair_end].strip()
+        assert text[issue.repair_start : issue.repair_end].strip()
     if kind is not None:
-        assert any(i.kind == kind and needle in (i.message + text[i.start:i.end]) for i in issues)
+        assert any(i.kind == kind and needle in (i.message + text[i.start : i.end]) for i in issues)
 
 
 def test_clean_programs_have_no_issues():

@@ -45,12 +45,26 @@ def _starts_statement(snapshot, offset: int) -> bool:
     return node.start_byte == first and node.type != "ERROR"
 
 
-@pytest.mark.parametrize(("make", "language", "headers"), [
-    (_long_python_class, "python", ["import os", "import sys", "class Big:",
-                                    "    def method_40(self, x: int) -> int:"]),
-    (_long_java_class, "java", ["package demo;", "import java.util.List;", "public class Big {",
-                                "    public int method40(int x) {"]),
-])
+@pytest.mark.parametrize(
+    ("make", "language", "headers"),
+    [
+        (
+            _long_python_class,
+            "python",
+            ["import os", "import sys", "class Big:", "    def method_40(self, x: int) -> int:"],
+        ),
+        (
+            _long_java_class,
+            "java",
+            [
+                "package demo;",
+                "import java.util.List;",
+                "public class Big {",
+                "    public int method40(int x) {",
+            ],
+        ),
+    ],
+)
 def test_cut_prefix_keeps_imports_and_enclosing_headers(make, language, headers):
     text = make()
     snap = parse_snapshot(text, language)
@@ -63,7 +77,7 @@ def test_cut_prefix_keeps_imports_and_enclosing_headers(make, language, headers)
     # headers come in document order, before the contiguous window
     positions = [lines.index(h) for h in headers]
     assert positions == sorted(positions)
-    assert ctx.prefix.endswith(text[ctx.prefix_start:cursor])
+    assert ctx.prefix.endswith(text[ctx.prefix_start : cursor])
     assert text[ctx.prefix_start - 1] == "\n" and _starts_statement(snap, ctx.prefix_start)
     # within budget (headers included), with a little slack for whole lines
     assert len(ctx.prefix) <= 60 * CHARS_PER_TOKEN * 1.25
@@ -79,7 +93,7 @@ def test_window_prefers_a_top_level_boundary_when_it_is_cheap():
     cursor = text.index("return a")
     start = text.index("def tail") - 40  # the budget ends inside method_7, 40 chars before `def tail`
     ctx = build_context(snap, cursor, max_prefix_tokens=int((cursor - start) / CHARS_PER_TOKEN) + 1)
-    assert text[ctx.prefix_start:].startswith("def tail")
+    assert text[ctx.prefix_start :].startswith("def tail")
     # with a budget ending far before it, the window starts at the nearest statement instead
     start = text.index("def tail") - 300
     ctx = build_context(snap, cursor, max_prefix_tokens=int((cursor - start) / CHARS_PER_TOKEN) + 1)
@@ -99,7 +113,7 @@ def test_windows_in_every_language_end_on_line_boundaries(language):
     snap = parse_snapshot(text, language)
     cursor = len(text) // 2
     ctx = build_context(snap, cursor, max_prefix_tokens=80, max_suffix_tokens=30)
-    assert ctx.prefix.endswith(text[ctx.prefix_start:cursor])
+    assert ctx.prefix.endswith(text[ctx.prefix_start : cursor])
     assert ctx.prefix_start == 0 or text[ctx.prefix_start - 1] == "\n"
     assert text[cursor:].startswith(ctx.suffix)
     assert ctx.suffix_end == len(text) or text[ctx.suffix_end] == "\n"
@@ -112,7 +126,7 @@ def test_plain_text_windows_cut_at_lines():
     cursor = text.index("line 200")
     ctx = build_context(text, cursor, max_prefix_tokens=50, max_suffix_tokens=20)
     assert ctx.language is None and ctx.prefix_cut
-    assert ctx.prefix.startswith("line ") and ctx.prefix == text[ctx.prefix_start:cursor]
+    assert ctx.prefix.startswith("line ") and ctx.prefix == text[ctx.prefix_start : cursor]
     assert ctx.suffix.endswith("notes")
 
 
@@ -126,25 +140,70 @@ def test_replaced_span_is_excluded_from_both_windows():
 
 
 HEADER_CASES = [
-    ("python", "import os\n\nclass A:\n    def f(self):\n", "        x = 1\n", "        <|>return x\n",
-     ["import os", "class A:", "    def f(self):"]),
-    ("javascript", "import fs from 'fs';\n\nexport class A {\n  f() {\n", "    x = 1;\n",
-     "    <|>return x;\n  }\n}\n", ["import fs from 'fs';", "export class A {", "  f() {"]),
-    ("typescript", "import { X } from './x';\n\nclass A {\n  f(): number {\n", "    x = 1;\n",
-     "    <|>return x;\n  }\n}\n", ["import { X } from './x';", "class A {", "  f(): number {"]),
-    ("tsx", "import React from 'react';\n\nexport function App() {\n", "  x = 1;\n",
-     "  <|>return <div />;\n}\n", ["import React from 'react';", "export function App() {"]),
-    ("go", "package main\n\nimport \"fmt\"\n\nfunc (c *C) F() int {\n", "\tx = 1\n", "\t<|>return x\n}\n",
-     ["package main", "import \"fmt\"", "func (c *C) F() int {"]),
-    ("rust", "use std::io;\n\nimpl A {\n    fn f(&self) -> i32 {\n", "        x += 1;\n",
-     "        <|>x\n    }\n}\n", ["use std::io;", "impl A {", "    fn f(&self) -> i32 {"]),
-    ("c", "#include <stdio.h>\n\nint f(void) {\n", "  x += 1;\n", "  <|>return x;\n}\n",
-     ["#include <stdio.h>", "int f(void) {"]),
-    ("cpp", "#include <vector>\n\nnamespace n {\nclass A {\n public:\n  int f() {\n", "    x += 1;\n",
-     "    <|>return x;\n  }\n};\n}\n", ["#include <vector>", "namespace n {", "class A {", "  int f() {"]),
-    ("lua", "local json = require(\"json\")\n\nfunction M.f(x)\n", "  x = x + 1\n", "  <|>return x\nend\n",
-     ["local json = require(\"json\")", "function M.f(x)"]),
-    ("bash", "set -e\n\nf() {\n", "  x=1\n", "  <|>echo \"$x\"\n}\n", ["f() {"]),
+    (
+        "python",
+        "import os\n\nclass A:\n    def f(self):\n",
+        "        x = 1\n",
+        "        <|>return x\n",
+        ["import os", "class A:", "    def f(self):"],
+    ),
+    (
+        "javascript",
+        "import fs from 'fs';\n\nexport class A {\n  f() {\n",
+        "    x = 1;\n",
+        "    <|>return x;\n  }\n}\n",
+        ["import fs from 'fs';", "export class A {", "  f() {"],
+    ),
+    (
+        "typescript",
+        "import { X } from './x';\n\nclass A {\n  f(): number {\n",
+        "    x = 1;\n",
+        "    <|>return x;\n  }\n}\n",
+        ["import { X } from './x';", "class A {", "  f(): number {"],
+    ),
+    (
+        "tsx",
+        "import React from 'react';\n\nexport function App() {\n",
+        "  x = 1;\n",
+        "  <|>return <div />;\n}\n",
+        ["import React from 'react';", "export function App() {"],
+    ),
+    (
+        "go",
+        'package main\n\nimport "fmt"\n\nfunc (c *C) F() int {\n',
+        "\tx = 1\n",
+        "\t<|>return x\n}\n",
+        ["package main", 'import "fmt"', "func (c *C) F() int {"],
+    ),
+    (
+        "rust",
+        "use std::io;\n\nimpl A {\n    fn f(&self) -> i32 {\n",
+        "        x += 1;\n",
+        "        <|>x\n    }\n}\n",
+        ["use std::io;", "impl A {", "    fn f(&self) -> i32 {"],
+    ),
+    (
+        "c",
+        "#include <stdio.h>\n\nint f(void) {\n",
+        "  x += 1;\n",
+        "  <|>return x;\n}\n",
+        ["#include <stdio.h>", "int f(void) {"],
+    ),
+    (
+        "cpp",
+        "#include <vector>\n\nnamespace n {\nclass A {\n public:\n  int f() {\n",
+        "    x += 1;\n",
+        "    <|>return x;\n  }\n};\n}\n",
+        ["#include <vector>", "namespace n {", "class A {", "  int f() {"],
+    ),
+    (
+        "lua",
+        'local json = require("json")\n\nfunction M.f(x)\n',
+        "  x = x + 1\n",
+        "  <|>return x\nend\n",
+        ['local json = require("json")', "function M.f(x)"],
+    ),
+    ("bash", "set -e\n\nf() {\n", "  x=1\n", '  <|>echo "$x"\n}\n', ["f() {"]),
 ]
 
 

@@ -106,3 +106,10 @@ def test_frontier_block_window_and_blocks_left():
     assert sampler.block_window(masked[:, 3:], 4).tolist()[0] == [False, False, False, False, True]
     assert sampler.blocks_left(masked, 4) == 2 and sampler.blocks_left(masked, 3) == 3
     assert sampler.blocks_left(masked[1:], 4) == 0
+
+
+def test_masked_sampler_options_accept_camel_case():
+    from dg_lsp.engine.masked import MaskedSamplerConfig
+
+    cfg = MaskedSamplerConfig.from_options({"masked": {"blockLength": 8, "stopAtFrontier": False, "x": 1}})
+    assert cfg.block_length == 8 and cfg.stop_at_frontier is False
