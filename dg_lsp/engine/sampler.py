@@ -78,8 +78,8 @@ def select_commits(
 def block_window(masked: torch.Tensor, block: int) -> torch.Tensor:
     """Semi-autoregressive decoding: per row, the `block`-wide slice holding the first masked position.
 
-    Decoding the canvas block by block (LLaDA, Fast-dLLM) keeps a masked model from committing the
-    confident EOS tail first and then collapsing the whole span to empty. (batch, length) bool."""
+    Decoding the canvas block by block (LLaDA, Fast-dLLM) keeps commits near what is already decided,
+    left to right, instead of scattered over a long canvas. (batch, length) bool."""
     length = masked.shape[-1]
     pos = torch.arange(length, device=masked.device)[None, :]
     first = torch.where(masked, pos, length).min(dim=-1, keepdim=True).values
