@@ -103,7 +103,8 @@ def test_frontier_block_window_and_blocks_left():
     masked = torch.tensor([[False, True, True, False, True, True, True, True], [False] * 8])
     assert sampler.frontier(masked).tolist() == [[False, True] + [False] * 6, [False] * 8]
     assert sampler.block_window(masked, 4).tolist()[0] == [True] * 4 + [False] * 4
-    assert sampler.block_window(masked[:, 3:], 4).tolist()[0] == [False, False, False, False, True]
+    late = torch.tensor([[False, False, False, True, True]])  # first mask in the second block
+    assert sampler.block_window(late, 3).tolist() == [[False, False, False, True, True]]
     assert sampler.blocks_left(masked, 4) == 2 and sampler.blocks_left(masked, 3) == 3
     assert sampler.blocks_left(masked[1:], 4) == 0
 
