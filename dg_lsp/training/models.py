@@ -12,10 +12,8 @@ from dg_lsp.models.tiny import tiny_diffusion_gemma_config
 from dg_lsp.training.config import ModelConfig
 
 
-def _text_kwargs(mc: ModelConfig, vocab_size: int) -> dict:
-    pattern = mc.layer_pattern
-    layer_types = [pattern[i % len(pattern)] for i in range(mc.num_hidden_layers)]
-    layer_types[-1] = "full_attention"
+def _shape_kwargs(mc: ModelConfig, vocab_size: int) -> dict:
+    """The layer shape every family shares (Gemma 4 with MoE, dense Gemma 3)."""
     return dict(
         vocab_size=vocab_size,
         hidden_size=mc.hidden_size,
@@ -24,6 +22,15 @@ def _text_kwargs(mc: ModelConfig, vocab_size: int) -> dict:
         num_attention_heads=mc.num_attention_heads,
         num_key_value_heads=mc.num_key_value_heads,
         head_dim=mc.head_dim,
+    )
+
+
+def _text_kwargs(mc: ModelConfig, vocab_size: int) -> dict:
+    pattern = mc.layer_pattern
+    layer_types = [pattern[i % len(pattern)] for i in range(mc.num_hidden_layers)]
+    layer_types[-1] = "full_attention"
+    return dict(
+        **_shape_kwargs(mc, vocab_size),
         global_head_dim=mc.head_dim,
         enable_moe_block=True,
         num_experts=mc.num_experts,
@@ -63,18 +70,12 @@ def causal_model(mc: ModelConfig, vocab_size: int):
 
 
 def gemma3_model(mc: ModelConfig, vocab_size: int, bidirectional: bool, logits_shift: bool = False):
-    """Dense Gemma 3 layers: bidirectional = the masked-diffusion model (LLaDA-style, no logit shift, read
-    by the `masked` backend), causal = its AR twin with the very same weights layout."""
+    """Dense Gemma 3 layers: bidirectional = the masked-diffusion model read by the `masked` backend
+    (LLaDA-style, or Dream-style with `logits_shift`), causal = its AR twin with the same weights layout."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=mc.hidden_size,
-        intermediate_size=mc.intermediate_size,
-        num_hidden_layers=mc.num_hidden_layers,
-        num_attention_heads=mc.num_attention_heads,
-        num_key_value_heads=mc.num_key_value_heads,
-        head_dim=mc.head_dim,
+        **_shape_kwargs(mc, vocab_size),
         layer_types=["full_attention"] * mc.num_hidden_layers,
         use_bidirectional_attention=bidirectional,
         max_position_embeddings=4096,
