@@ -60,6 +60,11 @@ class MaskedSamplerConfig:
     """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
     tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
     Elsewhere a position predicting EOS just waits; the span ends when the frontier reaches it."""
+    min_tokens: int = 1
+    """Stops (EOS/pad, newline on a single line) are barred from the first this-many canvas positions. An
+    empty infill shows the user nothing, yet on a fully masked canvas "empty" is often a weak model's most
+    confident guess (training includes empty middles), and committed at the frontier it ends the span at
+    once. 0 allows empty results."""
     block_length: int | None = None
     """Semi-autoregressive blocks (LLaDA, Fast-dLLM): unmask only inside the leftmost block that still has
     masks, the steps shared among blocks. None = the whole canvas at once."""
@@ -281,6 +286,8 @@ class MaskedDiffusionEngine(LocalEngine):
                     if reuse and request.doc_key is not None:
                         self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
                 logits = logits.float()
+                if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
+                    logits[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
                 stats.forward_passes += 1
                 logp = torch.log_softmax(logits, dim=-1)
                 scores = logp.clone()

@@ -144,7 +144,7 @@ def test_eos_is_committed_only_at_the_frontier(masked_engine, frontier):
     word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
     req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
     saved = masked_engine.cfg
-    masked_engine.cfg = dataclasses.replace(saved, stop_at_frontier=frontier, dual_cache=False)
+    masked_engine.cfg = dataclasses.replace(saved, stop_at_frontier=frontier, dual_cache=False, min_tokens=0)
     handle = collapsing_model(masked_engine, req, 8, word)
     try:
         result = masked_engine.infill(req)
@@ -155,6 +155,41 @@ def test_eos_is_committed_only_at_the_frontier(masked_engine, frontier):
         assert result.candidates[0].token_ids == [word] and masked_engine.last_commits == [1, 1]
     else:  # the confident EOS tail goes first and the span collapses to empty
         assert result.candidates[0].token_ids == [] and masked_engine.last_commits[0] == 7
+
+
+def empty_first_model(engine, request, length, word):
+    """A model whose surest guess on the whole canvas is "empty": EOS first, `word` a distant second."""
+    _ids, start = engine.canvas(request, length)
+    eos = engine.tokenizer.eos_token_id
+
+    def hook(_module, _args, _kwargs, out):
+        logits = out.logits
+        logits[:, start : start + length] = -10.0
+        logits[:, start : start + length, eos] = 10.0
+        logits[:, start, word] = 2.0
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1])
+def test_min_tokens_bars_an_empty_span(masked_engine, min_tokens):
+    masked_engine.use_continuation_cache = False
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
+    saved = masked_engine.cfg
+    for confidence in ("max_prob", "entropy"):
+        masked_engine.cfg = dataclasses.replace(
+            saved, min_tokens=min_tokens, dual_cache=False, confidence=confidence
+        )
+        handle = empty_first_model(masked_engine, req, 8, word)
+        try:
+            result = masked_engine.infill(req)
+        finally:
+            handle.remove()
+            masked_engine.cfg = saved
+        assert result.candidates[0].token_ids == ([word] if min_tokens else [])
+        assert result.stats.forward_passes == (2 if min_tokens else 1)  # word, then EOS at the frontier
 
 
 def test_blocks_unmask_left_to_right(masked_engine):
