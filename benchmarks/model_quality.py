@@ -17,13 +17,16 @@ Metrics:
 from __future__ import annotations
 
 import argparse
+import builtins
 import datetime as dt
 import functools
 import gzip
 import json
+import keyword
 import os
 import platform
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -34,6 +37,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+PARSE_ERROR_CAP = 50
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 HUMANEVAL = Path(os.environ.get("DG_LSP_HUMANEVAL", ROOT.parent / "shared/benchmarks/humaneval-infilling"))
@@ -65,6 +69,10 @@ class Outcome:
     passed: bool | None
     ms: float
     forward_passes: int
+    parses: bool | None = None
+    """Non-blank and no more tree-sitter errors than the reference middle (None: not checked)."""
+    context_ids: tuple[int, int] = (0, 0)
+    """`context_identifiers` of the completion."""
 
 
 @dataclass
@@ -157,6 +165,52 @@ def run_program(source: str, timeout: float = 10.0) -> bool:
         return proc.returncode == 0
 
 
+def _errors(text: str, language: str) -> int:
+    from dg_lsp.context.languages import parser
+    from dg_lsp.context.syntax import error_nodes
+
+    tree = parser(language).parse(text.encode("utf-8"))
+    return sum(1 for _ in error_nodes(tree, limit=PARSE_ERROR_CAP))
+
+
+def task_language(task: Task) -> str:
+    """HumanEval is Python; a held-out window is whichever grammar parses its reference with fewer errors."""
+    if task.suite != "held-out":
+        return "python"
+    reference = task.prefix + task.middle + task.suffix
+    return min(("python", "javascript"), key=lambda lang: _errors(reference, lang))
+
+
+def keeps_parsing(task: Task, completion: str, language: str) -> bool:
+    """No more tree-sitter errors with the completion than with the reference middle.
+
+    Held-out windows are cut out of files, so their reference may not parse on its own; comparing
+    against the reference keeps the criterion the same for whole files and windows.
+    """
+    reference = _errors(task.prefix + task.middle + task.suffix, language)
+    return _errors(task.prefix + completion + task.suffix, language) <= reference
+
+
+PYTHON_WORDS = frozenset(keyword.kwlist) | frozenset(dir(builtins))
+JS_WORDS = frozenset(
+    "await break case catch class const continue default delete do else export extends false finally for "
+    "function if import in instanceof let new null of return static super switch this throw true try "
+    "typeof undefined var void while yield console Object Array String Number Math JSON Promise".split()
+)
+IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+
+
+def context_identifiers(completion: str, prefix: str, suffix: str) -> tuple[int, int]:
+    """(identifiers in the completion that the surrounding code already uses, all identifiers in it).
+
+    Keywords and builtins are left out of both counts, so the share measures what the issue asks
+    of an infill: names taken from the surrounding code, not invented ones or junk subwords.
+    """
+    words = [w for w in IDENTIFIER.findall(completion) if w not in PYTHON_WORDS and w not in JS_WORDS]
+    known = set(IDENTIFIER.findall(prefix)) | set(IDENTIFIER.findall(suffix))
+    return sum(w in known for w in words), len(words)
+
+
 def backend_of(model_dir: str) -> str:
     from dg_lsp.engine.loader import detect_backend
 
@@ -222,6 +276,8 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
                 passed,
                 ms,
                 result.stats.forward_passes,
+                bool(text.strip()) and keeps_parsing(task, text, task_language(task)),
+                context_identifiers(text, task.prefix, task.suffix),
             )
         )
     summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
@@ -231,6 +287,9 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
             "tasks": len(rows),
             "exact_match": sum(o.exact for o in rows) / len(rows),
             "edit_similarity": sum(o.edit_sim for o in rows) / len(rows),
+            "nonempty_parsing": sum(bool(o.parses) for o in rows) / len(rows),
+            "context_identifiers": sum(o.context_ids[0] for o in rows)
+            / max(1, sum(o.context_ids[1] for o in rows)),
             "mean_ms": sum(o.ms for o in rows) / len(rows),
             "mean_forward_passes": sum(o.forward_passes for o in rows) / len(rows),
         }
@@ -247,11 +306,16 @@ def _plot(summaries: dict[str, Summary], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     suites = list(next(iter(summaries.values())).suites)
-    metrics = [("held-out", "exact_match"), ("held-out", "edit_similarity")] + [
-        (s, "pass@1") for s in suites if s != "held-out"
+    metrics = [
+        ("held-out", "edit_similarity"),
+        ("held-out", "nonempty_parsing"),
+        ("held-out", "context_identifiers"),
+    ]
+    metrics += [
+        (s, m) for s in suites if s != "held-out" for m in ("pass@1", "edit_similarity", "nonempty_parsing")
     ]
     metrics = [m for m in metrics if m[0] in suites]
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.8 / len(summaries)
     for i, (name, summ) in enumerate(summaries.items()):
         vals = [summ.suites[s].get(m, 0.0) for s, m in metrics]
@@ -289,18 +353,24 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     ]
     first = next(iter(summaries.values()))
     for suite, s in first.suites.items():
-        for metric in ("exact_match", "edit_similarity", "pass@1", "mean_ms", "mean_forward_passes"):
+        for metric in ("exact_match", "edit_similarity", "pass@1", "nonempty_parsing", "context_identifiers",
+                       "mean_ms", "mean_forward_passes"):  # fmt: skip
             if metric not in s:
                 continue
             vals = []
             for summ in summaries.values():
-                v = summ.suites[suite][metric]
+                v = summ.suites[suite].get(metric, float("nan"))
                 vals.append(f"{v:.1f}" if metric.startswith("mean") else f"{100 * v:.1f}%")
             lines.append(f"| {suite} | {s['tasks']} | {metric} | " + " | ".join(vals) + " |")
     lines += ["", "Models:", ""]
     for name, summ in summaries.items():
         lines.append(f"- {name}: `{summ.model}` ({summ.backend}, {summ.parameters} parameters)")
     lines += [
+        "",
+        "nonempty_parsing: share of completions that are non-blank and leave prefix + completion + suffix "
+        "with no more tree-sitter errors than the reference middle does. context_identifiers: of the "
+        "identifiers the completions use (keywords and builtins left out), the share that the surrounding "
+        "prefix or suffix already uses: names taken from the context rather than invented or junk subwords.",
         "",
         "mean_ms is wall time per request on a CPU shared with other jobs: indicative only; the "
         "engine benchmarks measure speed properly.",

@@ -36,7 +36,6 @@ import peers
 
 PEER = "peer"
 DIFFUSION = ("diffusion-gemma", "masked")
-PARSE_ERROR_CAP = 50
 
 
 @dataclass
@@ -153,35 +152,11 @@ def peer_outcomes(c: Contender, tasks: list[mq.Task], opts: dict, threads: int) 
     return out
 
 
-def _errors(text: str, language: str) -> int:
-    from dg_lsp.context.languages import parser
-    from dg_lsp.context.syntax import error_nodes
-
-    tree = parser(language).parse(text.encode("utf-8"))
-    return sum(1 for _ in error_nodes(tree, limit=PARSE_ERROR_CAP))
-
-
-def task_language(task: mq.Task) -> str:
-    """HumanEval is Python; a held-out window is whichever grammar parses its reference with fewer errors."""
-    if task.suite != "held-out":
-        return "python"
-    reference = task.prefix + task.middle + task.suffix
-    return min(("python", "javascript"), key=lambda lang: _errors(reference, lang))
-
-
-def keeps_parsing(task: mq.Task, completion: str, language: str) -> bool:
-    """No more tree-sitter errors with the completion than with the reference middle.
-
-    Held-out windows are cut out of files, so their reference may not parse on its own; comparing
-    against the reference keeps the criterion the same for whole files and windows.
-    """
-    reference = _errors(task.prefix + task.middle + task.suffix, language)
-    return _errors(task.prefix + completion + task.suffix, language) <= reference
-
-
 def summarise_quality(tasks: list[mq.Task], outcomes: list[mq.Outcome], languages: dict[str, str]) -> dict:
     by_id = {t.task_id: t for t in tasks}
-    kept = {o.task_id: keeps_parsing(by_id[o.task_id], o.completion, languages[o.task_id]) for o in outcomes}
+    kept = {
+        o.task_id: mq.keeps_parsing(by_id[o.task_id], o.completion, languages[o.task_id]) for o in outcomes
+    }
     suites: dict[str, dict[str, float]] = {}
     for suite in dict.fromkeys(o.suite for o in outcomes):
         rows = [o for o in outcomes if o.suite == suite]
@@ -226,7 +201,7 @@ def measure_quality(
     fork after torch's thread pools exist)."""
     import multiprocessing
 
-    languages = {t.task_id: task_language(t) for t in tasks}
+    languages = {t.task_id: mq.task_language(t) for t in tasks}
     if jobs > 1:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(contender_outcomes, c, tasks, opts, threads) for c in contenders]

@@ -39,20 +39,36 @@ def test_percentile_is_nearest_rank():
 
 
 def test_keeps_parsing_compares_against_the_reference_middle():
-    import side_by_side as sbs
+    import model_quality as mq
 
-    task = sbs.mq.Task("single-line", "t", "def f(a, b):\n", "\n\nprint(f(1, 2))\n", "    return a + b\n")
-    lang = sbs.task_language(task)
+    task = mq.Task("single-line", "t", "def f(a, b):\n", "\n\nprint(f(1, 2))\n", "    return a + b\n")
+    lang = mq.task_language(task)
     assert lang == "python"
-    assert sbs.keeps_parsing(task, "    return a * b\n", lang)
-    assert not sbs.keeps_parsing(task, "    return (a +\n", lang)
+    assert mq.keeps_parsing(task, "    return a * b\n", lang)
+    assert not mq.keeps_parsing(task, "    return (a +\n", lang)
     # a window cut out of a JavaScript file: judged by the grammar that fits it, relative to its reference
-    window = sbs.mq.Task(
-        "held-out", "h", "function add(a, b) {\n  const s = ", "\n  return s;\n}\n", "a + b;"
-    )
-    assert sbs.task_language(window) == "javascript"
-    assert sbs.keeps_parsing(window, "b + a;", "javascript")
-    assert not sbs.keeps_parsing(window, "(a + ;", "javascript")
+    window = mq.Task("held-out", "h", "function add(a, b) {\n  const s = ", "\n  return s;\n}\n", "a + b;")
+    assert mq.task_language(window) == "javascript"
+    assert mq.keeps_parsing(window, "b + a;", "javascript")
+    assert not mq.keeps_parsing(window, "(a + ;", "javascript")
+
+
+def test_context_identifiers_count_names_from_the_surrounding_code():
+    import model_quality as mq
+
+    prefix = "def read_lines(path):\n    with open(path) as fh:\n        lines = fh.readlines()\n"
+    suffix = "\n    return result\n"
+    # keywords and builtins (return, len, print) are left out of both counts
+    assert mq.context_identifiers("    result = [len(x) for x in lines]\n", prefix, suffix) == (
+        2,
+        4,
+    )  # result, lines; x twice
+    assert mq.context_identifiers("    return ifyOSErrorrv behavi\n", prefix, suffix) == (0, 2)
+    assert mq.context_identifiers("", prefix, suffix) == (0, 0)
+    assert mq.context_identifiers("console.log(fh)", prefix, suffix) == (
+        1,
+        2,
+    )  # log is a name, console is not
 
 
 def test_single_line_infill_skips_leading_blank_lines():
