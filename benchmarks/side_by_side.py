@@ -157,6 +157,12 @@ def summarise_quality(tasks: list[mq.Task], outcomes: list[mq.Outcome], language
     kept = {
         o.task_id: mq.keeps_parsing(by_id[o.task_id], o.completion, languages[o.task_id]) for o in outcomes
     }
+    names = {o.task_id: mq.context_identifiers(o.completion, by_id[o.task_id].prefix, by_id[o.task_id].suffix)
+             for o in outcomes}  # fmt: skip
+
+    def from_context(rows) -> float:
+        return sum(names[o.task_id][0] for o in rows) / max(1, sum(names[o.task_id][1] for o in rows))
+
     suites: dict[str, dict[str, float]] = {}
     for suite in dict.fromkeys(o.suite for o in outcomes):
         rows = [o for o in outcomes if o.suite == suite]
@@ -166,6 +172,7 @@ def summarise_quality(tasks: list[mq.Task], outcomes: list[mq.Outcome], language
             "edit_similarity": sum(o.edit_sim for o in rows) / len(rows),
             "nonempty": sum(bool(o.completion.strip()) for o in rows) / len(rows),
             "keeps_parsing": sum(kept[o.task_id] for o in rows) / len(rows),
+            "context_identifiers": from_context(rows),
             "mean_ms": statistics.fmean(o.ms for o in rows),
             "mean_forward_passes": statistics.fmean(o.forward_passes for o in rows),
         }
@@ -179,6 +186,7 @@ def summarise_quality(tasks: list[mq.Task], outcomes: list[mq.Outcome], language
         "keeps_parsing": sum(kept.values()) / len(outcomes),
         "nonempty_keeps_parsing": sum(kept[o.task_id] and bool(o.completion.strip()) for o in outcomes)
         / len(outcomes),
+        "context_identifiers": from_context(outcomes),
         "mean_ms": statistics.fmean(o.ms for o in outcomes),
     }
     return suites
@@ -269,7 +277,15 @@ def quality_table(quality: dict) -> list[str]:
     rows = []
     for suite in suites:
         n = quality[labels[0]]["suites"][suite]["tasks"]
-        for metric in ("pass@1", "exact_match", "edit_similarity", "nonempty", "keeps_parsing", "mean_ms"):
+        for metric in (
+            "pass@1",
+            "exact_match",
+            "edit_similarity",
+            "nonempty",
+            "keeps_parsing",
+            "context_identifiers",
+            "mean_ms",
+        ):
             if metric not in quality[labels[0]]["suites"][suite]:
                 continue
             vals = []
@@ -277,7 +293,13 @@ def quality_table(quality: dict) -> list[str]:
                 v = quality[label]["suites"][suite].get(metric, float("nan"))
                 vals.append(f"{v:.0f}" if metric == "mean_ms" else ("n/a" if v != v else f"{100 * v:.1f}%"))
             rows.append([suite, n, metric, *vals])
-    for metric in ("edit_similarity", "nonempty", "keeps_parsing", "nonempty_keeps_parsing"):
+    for metric in (
+        "edit_similarity",
+        "nonempty",
+        "keeps_parsing",
+        "nonempty_keeps_parsing",
+        "context_identifiers",
+    ):
         overall = [f"{100 * quality[lb]['suites']['all'][metric]:.1f}%" for lb in labels]
         rows.append(["all", quality[labels[0]]["suites"]["all"]["tasks"], metric, *overall])
     return common.md_table(["suite", "tasks", "metric", *labels], rows, "lrl" + "r" * len(labels))
@@ -483,8 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(sites)} prompt sites (HumanEval single-line prompts) x {args.repeats} repeats per span "
         "length, interleaved across models; stop tokens disabled so every model generates exactly the span; "
         "fresh caches per request. Forward passes as the engines count them: diffusion = denoising passes "
-        "(the one encoder pass per 32-token canvas not included), AR = prefill + one per further token; "
-        "a diffusion canvas is 32 tokens, so spans under 32 still pay for a whole canvas.",
+        "(DiffusionGemma's one encoder pass per canvas not included), AR = prefill + one per further token. "
+        "A DiffusionGemma canvas is 32 tokens, so shorter spans pay for a whole canvas; a masked model's "
+        "canvas is the span rounded up to its buckets (8/16/32/64/128).",
         "",
         *speed_lines,
         "",
@@ -499,7 +522,9 @@ def main(argv: list[str] | None = None) -> int:
             "more tree-sitter ERROR/MISSING nodes than with the reference middle (held-out windows are cut "
             "out of files and need not parse on their own). An empty completion often keeps the file "
             "parsing: read it with nonempty (share of completions with non-blank text) and, in the 'all' "
-            "rows, nonempty_keeps_parsing (non-blank and keeps parsing). mean_ms is per natural-stop "
+            "rows, nonempty_keeps_parsing (non-blank and keeps parsing). context_identifiers: of the "
+            "identifiers the completions use (keywords and builtins left out), the share the surrounding "
+            "code already uses. mean_ms is per natural-stop "
             "infill, with the quality runs in parallel processes: indicative only.",
             "",
             *quality_table(quality),
