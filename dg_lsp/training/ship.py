@@ -71,7 +71,8 @@ def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind
         [
             f"# dg-lsp {'AR twin' if kind == 'ar' else 'embedded model'}",
             "",
-            f"{ARCHS[kind]}, {params / 1e6:.2f}M parameters, fp16 safetensors; trained here, from no downloaded weights, by",
+            f"{ARCHS[kind]}, {params / 1e6:.2f}M parameters, fp16 safetensors; trained here, from no"
+            " downloaded weights, by",
             "`dg-lsp train` (see `dg_lsp/training/README.md`) on the licensed corpus listed in",
             "`dg_lsp/training/corpus_manifest.json` (Python stdlib, pinned PyPI packages, npm packages).",
             "",
