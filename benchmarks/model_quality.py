@@ -321,7 +321,7 @@ def _plot(summaries: dict[str, Summary], path: Path) -> None:
         vals = [summ.suites[s].get(m, 0.0) for s, m in metrics]
         ax.bar([j + i * width for j in range(len(metrics))], vals, width, label=name)
     ax.set_xticks([j + width * (len(summaries) - 1) / 2 for j in range(len(metrics))])
-    ax.set_xticklabels([f"{s}\n{m}" for s, m in metrics], fontsize=8)
+    ax.set_xticklabels([f"{s}: {m}" for s, m in metrics], fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("score")
     ax.set_title("Infill quality, same prompts and budgets")
     ax.legend()
