@@ -179,7 +179,7 @@ def default_models(diffusion: str | None = None, ar: str | None = None) -> list[
     d = _first_model_dir(
         [Path(diffusion)]
         if diffusion
-        else [ROOT / "dg_lsp/models/embedded", ROOT / "runs/diffusion-cpu-2h/best"]
+        else [ROOT / "dg_lsp/models/embedded", ROOT / "runs/dream-from-ar/best"]
     )
     if d:
         from dg_lsp.engine.loader import detect_backend
@@ -187,7 +187,9 @@ def default_models(diffusion: str | None = None, ar: str | None = None) -> list[
         found.append(
             ModelSpec("diffusion (embedded)", d, detect_backend(json.loads((d / "config.json").read_text())))
         )
-    a = _first_model_dir([Path(ar)] if ar else [ROOT / "dg_lsp/models/ar_twin", ROOT / "runs/ar-cpu-2h/best"])
+    a = _first_model_dir(
+        [Path(ar)] if ar else [ROOT / "dg_lsp/models/ar_twin", ROOT / "runs/ar-gemma3-cpu/best"]
+    )
     if a:
         found.append(ModelSpec("AR twin", a, "ar"))
     return found
