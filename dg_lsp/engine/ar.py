@@ -31,7 +31,10 @@ class AutoregressiveEngine(LocalEngine):
         trust_remote_code: bool = False,
         use_prompt_cache: bool = True,
         use_continuation_cache: bool = True,
+        min_tokens: int = 1,
     ):
+        """`min_tokens`: stops (and, on a single line, newlines) are barred from the first this-many
+        tokens, the rule the masked sampler follows: an empty answer shows the user nothing."""
         super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=use_prompt_cache)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -56,6 +59,7 @@ class AutoregressiveEngine(LocalEngine):
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.stop_ids = eos
+        self.min_tokens = min_tokens
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
 
     def warmup(self) -> None:
@@ -96,6 +100,10 @@ class AutoregressiveEngine(LocalEngine):
             stats.encode_ms = (time.perf_counter() - t0) * 1000
             stats.forward_passes += 1
             while True:
+                if len(new) < self.min_tokens:
+                    barred = self.stop_ids | (self.newline_ids() if request.single_line else set())
+                    logits = logits.clone()
+                    logits[0, sorted(barred)] = float("-inf")
                 tok = int(logits[0].argmax())
                 if tok in self.stop_ids:
                     break

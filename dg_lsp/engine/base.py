@@ -84,6 +84,14 @@ class LocalEngine:
         """Drop every per-document cache (benchmarks and tests compare cold and warm paths)."""
         self.continuations.clear()
 
+    def newline_ids(self) -> set[int]:
+        """Token ids whose text contains a newline, stops excluded (computed once, on first use): on a
+        single-line span they end the line like a stop."""
+        if getattr(self, "_newline_ids", None) is None:
+            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+            self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
+        return self._newline_ids
+
     def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
         start = time.perf_counter()
         check = checked(should_cancel)

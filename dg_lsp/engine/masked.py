@@ -183,14 +183,6 @@ class MaskedDiffusionEngine(LocalEngine):
         super().reset_caches()
         self.prompt_cache.clear()
 
-    def newline_ids(self) -> set[int]:
-        """Token ids whose text contains a newline (computed once, on the first single-line request)."""
-        if self._newline_ids is None:
-            vocab = len(self.tokenizer)
-            texts = self.tokenizer.batch_decode([[i] for i in range(vocab)])
-            self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
-        return self._newline_ids
-
     def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
         """Token ids `[bos] prefix [MASK]*length suffix` and the index of the first mask."""
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)

@@ -20,6 +20,7 @@ def greedy_reference(engine, request):
         ids,
         do_sample=False,
         max_new_tokens=request.max_tokens,
+        min_new_tokens=engine.min_tokens,
         eos_token_id=[tokens.EOS_ID, tokens.PAD_ID],
         pad_token_id=tokens.PAD_ID,
     )
@@ -34,6 +35,37 @@ def test_greedy_matches_transformers_generate(ar_engine):
     assert result.candidates[0].token_ids == greedy_reference(ar_engine, request)
     assert result.stats.forward_passes == result.stats.generated_tokens == 12  # one pass per token
     assert result.stats.tokens_per_forward == 1.0
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1])
+@pytest.mark.parametrize("single_line", [False, True])
+def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
+    """A model whose surest first token ends the answer (EOS, or a newline on a single line)."""
+    saved = ar_engine.min_tokens, ar_engine.use_continuation_cache, ar_engine.use_prompt_cache
+    ar_engine.use_continuation_cache = ar_engine.use_prompt_cache = False
+    word = ar_engine.tokenizer.encode("items", add_special_tokens=False)[0]
+    first = min(ar_engine.newline_ids()) if single_line else tokens.EOS_ID
+    calls = []
+
+    def hook(_module, _args, out):
+        calls.append(1)
+        out.logits[:, -1, :] = -10.0
+        out.logits[:, -1, word] = 2.0
+        out.logits[:, -1, first if len(calls) == 1 else tokens.EOS_ID] = 10.0
+        return out
+
+    ar_engine.min_tokens = min_tokens
+    handle = ar_engine.model.register_forward_hook(hook)
+    try:
+        result = ar_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=8, single_line=single_line))
+    finally:
+        handle.remove()
+        ar_engine.min_tokens, ar_engine.use_continuation_cache, ar_engine.use_prompt_cache = saved
+    ids = result.candidates[0].token_ids if result.candidates else []
+    if min_tokens:
+        assert ids == [word]  # the word, then EOS
+    else:
+        assert ids == ([first] if single_line else [])  # the newline ends the line: nothing to show
 
 
 def test_prompts_outgrow_the_sliding_window(ar_engine):
