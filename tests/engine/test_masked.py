@@ -138,19 +138,26 @@ def collapsing_model(engine, request, length, word):
     return engine.model.register_forward_hook(hook, with_kwargs=True)
 
 
-@pytest.mark.parametrize("frontier", [True, False])
-def test_eos_is_committed_only_at_the_frontier(masked_engine, frontier):
-    masked_engine.use_continuation_cache = False
-    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
-    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
-    saved = masked_engine.cfg
-    masked_engine.cfg = dataclasses.replace(saved, stop_at_frontier=frontier, dual_cache=False, min_tokens=0)
-    handle = collapsing_model(masked_engine, req, 8, word)
+def infill_shaped(engine, shape, request, word, **sampler):
+    """Infill through a model whose beliefs `shape` sets, under these sampler settings, caches off."""
+    engine.use_continuation_cache = False
+    saved = engine.cfg
+    engine.cfg = dataclasses.replace(saved, dual_cache=False, **sampler)
+    handle = shape(engine, request, 8, word)
     try:
-        result = masked_engine.infill(req)
+        return engine.infill(request)
     finally:
         handle.remove()
-        masked_engine.cfg = saved
+        engine.cfg = saved
+
+
+@pytest.mark.parametrize("frontier", [True, False])
+def test_eos_is_committed_only_at_the_frontier(masked_engine, frontier):
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
+    result = infill_shaped(
+        masked_engine, collapsing_model, req, word, stop_at_frontier=frontier, min_tokens=0
+    )
     if frontier:  # the word first, then the EOS at the new frontier ends the span
         assert result.candidates[0].token_ids == [word] and masked_engine.last_commits == [1, 1]
     else:  # the confident EOS tail goes first and the span collapses to empty
@@ -174,20 +181,12 @@ def empty_first_model(engine, request, length, word):
 
 @pytest.mark.parametrize("min_tokens", [0, 1])
 def test_min_tokens_bars_an_empty_span(masked_engine, min_tokens):
-    masked_engine.use_continuation_cache = False
     word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
     req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4)
-    saved = masked_engine.cfg
     for confidence in ("max_prob", "entropy"):
-        masked_engine.cfg = dataclasses.replace(
-            saved, min_tokens=min_tokens, dual_cache=False, confidence=confidence
+        result = infill_shaped(
+            masked_engine, empty_first_model, req, word, min_tokens=min_tokens, confidence=confidence
         )
-        handle = empty_first_model(masked_engine, req, 8, word)
-        try:
-            result = masked_engine.infill(req)
-        finally:
-            handle.remove()
-            masked_engine.cfg = saved
         assert result.candidates[0].token_ids == ([word] if min_tokens else [])
         assert result.stats.forward_passes == (2 if min_tokens else 1)  # word, then EOS at the frontier
 
