@@ -62,6 +62,7 @@ class LocalEngine:
         self.continuations = ContinuationCache()
         self.use_continuation_cache = use_continuation_cache
         self.use_prompt_cache = use_prompt_cache
+        self._newline_ids: set[int] | None = None
 
     def _generate(
         self, request: InfillRequest, check: Callable[[], None], stats: InfillStats
@@ -87,7 +88,7 @@ class LocalEngine:
     def newline_ids(self) -> set[int]:
         """Token ids whose text contains a newline, stops excluded (computed once, on first use): on a
         single-line span they end the line like a stop."""
-        if getattr(self, "_newline_ids", None) is None:
+        if self._newline_ids is None:
             texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
             self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
         return self._newline_ids

@@ -161,7 +161,6 @@ class MaskedDiffusionEngine(LocalEngine):
         self.supports_kv = self.cache_arg is not None
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
-        self._newline_ids: set[int] | None = None
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
