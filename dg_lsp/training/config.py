@@ -73,6 +73,11 @@ class TrainConfig:
     # masked kind: Dream/DiffuCoder-style, position i's token is read from logits at i-1, which lets the
     # model start from a causal checkpoint's next-token head (`dg-lsp train --init-from AR_RUN`)
     logits_shift: bool = False
+    # masked kind with logits_shift: the first share of the schedule trains the causal twin (PSM prompts,
+    # causal attention), then the run goes on as the masked model from those weights and optimizer state,
+    # so the two-stage recipe (`--kind ar`, then `--init-from`) is one command with one LR schedule
+    # (kind "ar", the twin, ignores it and stays causal to the end)
+    causal_fraction: float = 0.0
     # export OUT/step-N at these steps (for comparisons at a matched token budget)
     snapshot_steps: list[int] = field(default_factory=list)
     eval_every: int = 200
@@ -80,6 +85,15 @@ class TrainConfig:
     threads: int = 1
     seed: int = 0
     device: str = "cpu"
+
+    def __post_init__(self):
+        if self.causal_fraction and self.kind != "ar" and not (self.kind == "masked" and self.logits_shift):
+            raise ValueError(
+                "causal_fraction needs kind 'masked' with logits_shift: only shifted logits carry the "
+                "causal phase's next-token head over to the masked phase"
+            )
+        if not 0.0 <= self.causal_fraction < 1.0:
+            raise ValueError(f"causal_fraction must be in [0, 1), got {self.causal_fraction}")
 
     def to_dict(self) -> dict:
         return asdict(self)

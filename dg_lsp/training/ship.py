@@ -64,6 +64,12 @@ def _model_card(run: Path, metrics: dict, history: list[dict], params: int, kind
         if init
         else []
     )
+    switch = next((h["step"] for h in history if "phase_switch" in h), None)
+    if switch is not None:
+        origin.append(
+            f"- one run: the causal twin (PSM, causal attention) to step {switch}, then masked diffusion from"
+            " those weights and optimizer state (`causal_fraction`), like Dream/DiffuCoder's adaptation"
+        )
     canvas = (
         f"canvas buckets {m.get('canvas_buckets')}" if kind == "masked" else f"canvas {m['canvas_length']}"
     )

@@ -64,13 +64,18 @@ def make_examples(
     return out
 
 
-def step_loss(cfg: TrainConfig, model, examples: list[Example], gen: torch.Generator):
+def phase_kind(cfg: TrainConfig, progress: float) -> str:
+    """The kind trained at this point of the schedule: "ar" during a masked run's causal phase."""
+    return "ar" if cfg.kind == "masked" and progress < cfg.causal_fraction else cfg.kind
+
+
+def step_loss(cfg: TrainConfig, kind: str, model, examples: list[Example], gen: torch.Generator):
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cfg.device.startswith("cuda"))
     with autocast:
-        if cfg.kind == "diffusion":
+        if kind == "diffusion":
             batch = to_device(diffusion_batch(examples, cfg.model.canvas_length), cfg.device)
             return diffusion_loss(model, batch, gen, cfg.t_min, cfg.self_cond_prob, cfg.ar_loss_weight)
-        if cfg.kind == "masked":
+        if kind == "masked":
             batch = to_device(
                 _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
             )
@@ -97,21 +102,21 @@ def valid_examples(cfg: TrainConfig, tokenizer, docs: list[Doc]) -> list[list[Ex
 
 
 @torch.no_grad()
-def evaluate(cfg: TrainConfig, model, batches: list[list[Example]]) -> dict[str, float]:
+def evaluate(cfg: TrainConfig, kind: str, model, batches: list[list[Example]]) -> dict[str, float]:
     """Held-out loss on the canvas (diffusion and masked: t on a fixed grid, no self-conditioning) or the
     middle (AR). The second figure is the encoder AR loss, the masked model's context CE, or PSM CE."""
     model.eval()
     total, n = 0.0, 0
     ar_total = 0.0
     for i, examples in enumerate(batches):
-        if cfg.kind == "diffusion":
+        if kind == "diffusion":
             batch = to_device(diffusion_batch(examples, cfg.model.canvas_length), cfg.device)
             gen = torch.Generator().manual_seed(i)
             t = ((torch.arange(len(examples)) + 0.5) / len(examples)).to(cfg.device)
             losses = diffusion_loss(model, batch, gen, self_cond_prob=0.0, ar_weight=1.0, t=t)
             total += losses.canvas
             ar_total += losses.ar
-        elif cfg.kind == "masked":
+        elif kind == "masked":
             gen = torch.Generator().manual_seed(i)
             batch = to_device(
                 _masked_batch(cfg, examples, torch.rand(len(examples), generator=gen)), cfg.device
@@ -161,8 +166,15 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
+    causal = [h for h in history if h.get("phase") == "causal"]  # a masked run's causal phase
+    history = [h for h in history if h.get("phase") != "causal"]
     train = [h for h in history if "loss" in h]
-    k = max(1, len(train) // 60)
+    k = max(1, (len(train) + len(causal)) // 60)
+    if causal:
+        pts = [(h["step"], h["ar"]) for h in causal if "loss" in h]
+        ax.plot([p[0] for p in pts], _smooth([p[1] for p in pts], k), label="train PSM CE (causal phase)")
+        pts = [(h["step"], h["valid_loss"]) for h in causal if "valid_loss" in h]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "^:", label="held-out middle+EOS CE (causal phase)")
     diffusion = bool(train) and not math.isnan(train[0].get("canvas", math.nan))
     masked = "masked" in title
     series = (
@@ -199,8 +211,24 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def _phase_tag(cfg: TrainConfig, kind: str) -> dict:
+    return {"phase": "causal"} if kind != cfg.kind else {}
+
+
+def continue_as(cfg: TrainConfig, kind: str, model, opt, vocab_size: int):
+    """A new model of `kind` holding `model`'s weights, and an optimizer holding `opt`'s moments: what
+    `--init-from` does between two runs (the layouts match: only the attention mask and the read-out
+    position differ)."""
+    new = build_model(kind, cfg.model, vocab_size, cfg.logits_shift).to(cfg.device)
+    new.load_state_dict(model.state_dict())
+    new.train()
+    new_opt = make_optimizer(cfg, new)
+    new_opt.load_state_dict(opt.state_dict())
+    return new, new_opt
+
+
 def save_checkpoint(
-    path: Path, model, opt, step: int, elapsed: float, history: list, best: float, cfg
+    path: Path, model, opt, step: int, elapsed: float, history: list, best: float, cfg, phase: str
 ) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
@@ -212,6 +240,7 @@ def save_checkpoint(
             "history": history,
             "best": best,
             "config": cfg.to_dict(),
+            "phase": phase,
         },
         tmp,
     )
@@ -283,12 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     sampler = DocSampler(load_docs(corpus / "train.jsonl"))
     valid = valid_examples(cfg, tokenizer, load_docs(corpus / "valid.jsonl"))
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.kind, cfg.model, len(tokenizer), cfg.logits_shift).to(cfg.device)
-    opt = make_optimizer(cfg, model)
-    step, elapsed, history, best = 0, 0.0, [], float("inf")
+    init = None
     if state is None and args.init_from:
         init = torch.load(args.init_from / "checkpoint.pt", weights_only=False, map_location="cpu")
+    source = state or init or {"step": 0, "elapsed": 0.0}
+    kind = (state or {}).get("phase") or phase_kind(cfg, progress_of(cfg, source["step"], source["elapsed"]))
+    torch.manual_seed(cfg.seed)
+    model = build_model(kind, cfg.model, len(tokenizer), cfg.logits_shift).to(cfg.device)
+    opt = make_optimizer(cfg, model)
+    step, elapsed, history, best = 0, 0.0, [], float("inf")
+    if init is not None:
         model.load_state_dict(init["model"])
         opt.load_state_dict(init["optimizer"])
         step, elapsed = init["step"], init["elapsed"]
@@ -304,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     n_params = count_parameters(model)
     print(f"{cfg.kind} model: {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}, run dir {out}")
+    if kind != cfg.kind:
+        print(f"causal phase until {cfg.causal_fraction:.0%} of the schedule, then {cfg.kind}")
 
     bar = tqdm(total=cfg.max_steps, initial=step, disable=args.no_progress, dynamic_ncols=True)
     tokens_seen = next((h["tokens"] for h in reversed(history) if "tokens" in h), 0)
@@ -316,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         lr = lr_at(cfg, step, progress_of(cfg, step, time.perf_counter() - start))
         for g in opt.param_groups:
             g["lr"] = lr
-        losses = step_loss(cfg, model, examples, gen)
+        losses = step_loss(cfg, kind, model, examples, gen)
         opt.zero_grad(set_to_none=True)
         losses.total.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -331,26 +366,38 @@ def main(argv: list[str] | None = None) -> int:
             "gnorm": float(gnorm),
             "tokens": tokens_seen,
             "time": time.perf_counter() - start,
+            **_phase_tag(cfg, kind),
         }
         history.append(record)
         bar.update(1)
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.1e}")
         done = progress_of(cfg, step, time.perf_counter() - start) >= 1.0
         if step % cfg.eval_every == 0 or done:
-            metrics = evaluate(cfg, model, valid)
-            history.append({"step": step, **metrics, "time": time.perf_counter() - start})
+            metrics = evaluate(cfg, kind, model, valid)
+            history.append(
+                {"step": step, **metrics, "time": time.perf_counter() - start, **_phase_tag(cfg, kind)}
+            )
             bar.write(
                 f"step {step}: held-out {metrics['valid_loss']:.4f} (ar {metrics['valid_ar_loss']:.4f})"
+                + (" [causal phase]" if kind != cfg.kind else "")
             )
-            if metrics["valid_loss"] < best:
+            if kind == cfg.kind and metrics["valid_loss"] < best:  # the causal phase's loss is not comparable
                 best = metrics["valid_loss"]
                 export(model, tokenizer, out / "best", dtype=torch.float32)
                 (out / "best" / "metrics.json").write_text(json.dumps({"step": step, **metrics}) + "\n")
             plot_history(history, out / "loss.png", f"{cfg.kind} ({n_params / 1e6:.1f}M params)")
         if step in cfg.snapshot_steps:
             export(model, tokenizer, out / f"step-{step}", dtype=torch.float32)
-        if step % cfg.save_every == 0 or done:
-            save_checkpoint(ckpt_path, model, opt, step, time.perf_counter() - start, history, best, cfg)
+        switch = not done and phase_kind(cfg, progress_of(cfg, step, time.perf_counter() - start)) != kind
+        if switch:
+            model, opt = continue_as(cfg, cfg.kind, model, opt, len(tokenizer))
+            kind = cfg.kind
+            history.append({"step": step, "phase_switch": kind, "time": time.perf_counter() - start})
+            bar.write(f"step {step}: causal phase over, training goes on as the {kind} model")
+        if step % cfg.save_every == 0 or done or switch:
+            save_checkpoint(
+                ckpt_path, model, opt, step, time.perf_counter() - start, history, best, cfg, kind
+            )
     bar.close()
     (out / "history.json").write_text(json.dumps(history) + "\n")
     print(

@@ -256,3 +256,40 @@ def test_ar_run_adapts_into_a_dream_style_masked_model(tiny_data, tmp_path):
     assert (
         engine.infill(InfillRequest("def f(x):\n    return ", "\n", max_tokens=8)).stats.forward_passes >= 1
     )
+
+
+def test_one_run_trains_the_causal_twin_then_goes_on_as_the_masked_model(tiny_data, tmp_path):
+    """`causal_fraction` is the two-stage recipe in one command: its causal phase is step for step the
+    AR twin's run (same data, init and schedule), and only the masked phase may export `best`."""
+    from safetensors.torch import load_file
+
+    corpus_dir, tok_dir = tiny_data
+    cfg_path = tmp_path / "recipe.json"
+    recipe = {**TINY_MASKED, "logits_shift": True, "causal_fraction": 0.5, "max_steps": 14,
+              "snapshot_steps": [7]}  # fmt: skip
+    cfg_path.write_text(json.dumps(recipe))
+    data = ["--corpus", str(corpus_dir), "--tokenizer", str(tok_dir), "--no-progress"]
+    twin, run = tmp_path / "twin", tmp_path / "run"
+    assert train.main([str(cfg_path), "--kind", "ar", "--out", str(twin), *data]) == 0
+    assert train.main([str(cfg_path), "--out", str(run), *data]) == 0
+
+    a = load_file(twin / "step-7" / "model.safetensors")
+    b = load_file(run / "step-7" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    history = json.loads((run / "history.json").read_text())
+    phases = {h["step"]: h.get("phase") for h in history if "loss" in h}
+    assert phases == {s: "causal" if s <= 7 else None for s in range(1, 15)}
+    assert [h["step"] for h in history if "phase_switch" in h] == [7]
+    assert json.loads((run / "best" / "metrics.json").read_text())["step"] > 7
+    best = json.loads((run / "best" / "config.json").read_text())
+    assert best["use_bidirectional_attention"] is True and best["dg_lsp_logits_shift"] is True
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["phase"] == "masked"
+    assert ship(run, tmp_path / "shipped")
+    assert "then masked diffusion from those weights" in (tmp_path / "shipped" / "README.md").read_text()
+    assert (run / "loss.png").stat().st_size > 0
+
+    assert train.main([str(cfg_path), "--out", str(run), "--resume", "--max-steps", "16", *data]) == 0
+    history = json.loads((run / "history.json").read_text())
+    assert [h.get("phase") for h in history if "loss" in h][-2:] == [None, None]
+    with pytest.raises(ValueError, match="causal_fraction"):
+        train.config_from_dict({**recipe, "kind": "masked", "logits_shift": False})
