@@ -8,7 +8,14 @@ Metrics:
   corpus's held-out files with the training sampler (rest of line, lines, blocks, spans, empty);
 - HumanEval-infilling pass@1 (one sample per task, seed 0): single-line, multi-line and
   random-span-light, each program run in a separate `python -I` process with a timeout, in a
-  throwaway directory, without network (`unshare -n` when available) and with memory/CPU limits.
+  throwaway directory, without network (`unshare -n` when available) and with memory/CPU limits;
+- plausibility: non-blank infills that keep the file parsing, brackets left as the reference leaves
+  them, and the share of names taken from the surrounding code.
+
+`--through engine` (default) scores the engine's raw first candidate for the task's exact prefix and
+suffix; `--through editor` sends the same cursor through `dg_lsp.pipeline` (tree-sitter window, span
+kind, post-processing, syntax check), i.e. what an editor is shown, blank when every candidate was
+rejected.
 
     python benchmarks/model_quality.py --single-every 5 --multi-every 40
     python benchmarks/model_quality.py --model masked=runs/masked-cpu/best --model dg=OLD_DIR ...
@@ -73,6 +80,8 @@ class Outcome:
     """Non-blank and no more tree-sitter errors than the reference middle (None: not checked)."""
     context_ids: tuple[int, int] = (0, 0)
     """`context_identifiers` of the completion."""
+    balanced: bool | None = None
+    """Non-blank and `balanced_brackets`."""
 
 
 @dataclass
@@ -191,6 +200,30 @@ def keeps_parsing(task: Task, completion: str, language: str) -> bool:
     return _errors(task.prefix + completion + task.suffix, language) <= reference
 
 
+def balanced_brackets(task: Task, completion: str, language: str) -> bool:
+    """Prefix + completion + suffix leaves the same brackets open, unopened and mismatched as the reference.
+
+    The issue's "balanced brackets", judged by dg-lsp's own string- and comment-aware scanner; like
+    `keeps_parsing` it compares against the reference, since a held-out window need not balance.
+    """
+    from dg_lsp.context.brackets import OPENERS, PAIR, bracket_events
+
+    def shape(text: str) -> tuple[str, str, int]:
+        stack, unopened, mismatched = [], [], 0
+        for _, ch in bracket_events(text, language):
+            if ch in OPENERS:
+                stack.append(ch)
+            elif stack and stack[-1] == PAIR[ch]:
+                stack.pop()
+            elif stack:
+                mismatched += 1
+            else:
+                unopened.append(ch)
+        return "".join(stack), "".join(unopened), mismatched
+
+    return shape(task.prefix + completion + task.suffix) == shape(task.prefix + task.middle + task.suffix)
+
+
 PYTHON_WORDS = frozenset(keyword.kwlist) | frozenset(dir(builtins))
 JS_WORDS = frozenset(
     "await break case catch class const continue default delete do else export extends false finally for "
@@ -249,6 +282,23 @@ def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int):
     )
 
 
+def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str, int]:
+    """The completion an editor would show at the task's cursor (the middle cut out of the file)."""
+    from dg_lsp import context, pipeline
+    from dg_lsp.settings import Settings
+
+    settings = Settings(
+        max_tokens=args["max_tokens"],
+        denoising_steps=args["steps"],
+        seed=0,
+        num_candidates=1,
+        latency_budget_ms=0,
+    )
+    snapshot = context.as_snapshot(task.prefix + task.suffix, language)
+    done = pipeline.complete(engine, snapshot, len(task.prefix), settings)
+    return (done.texts[0] if done.texts else ""), done.stats.forward_passes
+
+
 def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> tuple[Summary, list[Outcome]]:
     from rapidfuzz.distance import Levenshtein
 
@@ -258,10 +308,17 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
     info = engine.describe()
     outcomes = []
     for task in tasks:
+        language = task_language(task)
         t0 = time.perf_counter()
-        result = engine.infill(InfillRequest(task.prefix, task.suffix, max_tokens=args["max_tokens"], seed=0))
+        if args.get("through") == "editor":
+            text, forward_passes = _through_editor(engine, task, language, args)
+        else:
+            result = engine.infill(
+                InfillRequest(task.prefix, task.suffix, max_tokens=args["max_tokens"], seed=0)
+            )
+            text = result.candidates[0].text if result.candidates else ""
+            forward_passes = result.stats.forward_passes
         ms = (time.perf_counter() - t0) * 1000
-        text = result.candidates[0].text if result.candidates else ""
         passed = None
         if task.test:
             program = f"{task.prefix}{text}{task.suffix}\n\n{task.test}\n\ncheck({task.entry_point})\n"
@@ -275,9 +332,10 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
                 Levenshtein.normalized_similarity(text, task.middle),
                 passed,
                 ms,
-                result.stats.forward_passes,
-                bool(text.strip()) and keeps_parsing(task, text, task_language(task)),
+                forward_passes,
+                bool(text.strip()) and keeps_parsing(task, text, language),
                 context_identifiers(text, task.prefix, task.suffix),
+                bool(text.strip()) and balanced_brackets(task, text, language),
             )
         )
     summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
@@ -288,6 +346,7 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
             "exact_match": sum(o.exact for o in rows) / len(rows),
             "edit_similarity": sum(o.edit_sim for o in rows) / len(rows),
             "nonempty_parsing": sum(bool(o.parses) for o in rows) / len(rows),
+            "balanced_brackets": sum(bool(o.balanced) for o in rows) / len(rows),
             "context_identifiers": sum(o.context_ids[0] for o in rows)
             / max(1, sum(o.context_ids[1] for o in rows)),
             "mean_ms": sum(o.ms for o in rows) / len(rows),
@@ -309,13 +368,13 @@ def _plot(summaries: dict[str, Summary], path: Path) -> None:
     metrics = [
         ("held-out", "edit_similarity"),
         ("held-out", "nonempty_parsing"),
+        ("held-out", "balanced_brackets"),
         ("held-out", "context_identifiers"),
     ]
-    metrics += [
-        (s, m) for s in suites if s != "held-out" for m in ("pass@1", "edit_similarity", "nonempty_parsing")
-    ]
+    per_suite = ("pass@1", "edit_similarity", "nonempty_parsing", "balanced_brackets")
+    metrics += [(s, m) for s in suites if s != "held-out" for m in per_suite]
     metrics = [m for m in metrics if m[0] in suites]
-    fig, ax = plt.subplots(figsize=(12, 4.5))
+    fig, ax = plt.subplots(figsize=(13, 4.8))
     width = 0.8 / len(summaries)
     for i, (name, summ) in enumerate(summaries.items()):
         vals = [summ.suites[s].get(m, 0.0) for s, m in metrics]
@@ -345,7 +404,13 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
         f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
-        f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
+        + (
+            "Scored through the editor pipeline (`dg_lsp.pipeline`: window, span kind, post-processing, "
+            "syntax check; blank when every candidate was rejected). "
+            if args.through == "editor"
+            else "Scored on the engine's raw first candidate. "
+        )
+        + f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
         "| suite | tasks | metric | " + " | ".join(summaries) + " |",
@@ -353,8 +418,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     ]
     first = next(iter(summaries.values()))
     for suite, s in first.suites.items():
-        for metric in ("exact_match", "edit_similarity", "pass@1", "nonempty_parsing", "context_identifiers",
-                       "mean_ms", "mean_forward_passes"):  # fmt: skip
+        for metric in ("exact_match", "edit_similarity", "pass@1", "nonempty_parsing", "balanced_brackets",
+                       "context_identifiers", "mean_ms", "mean_forward_passes"):  # fmt: skip
             if metric not in s:
                 continue
             vals = []
@@ -368,7 +433,9 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     lines += [
         "",
         "nonempty_parsing: share of completions that are non-blank and leave prefix + completion + suffix "
-        "with no more tree-sitter errors than the reference middle does. context_identifiers: of the "
+        "with no more tree-sitter errors than the reference middle does. balanced_brackets: share of "
+        "completions that are non-blank and leave the file's brackets open and unopened exactly as the "
+        "reference middle does (strings and comments skipped). context_identifiers: of the "
         "identifiers the completions use (keywords and builtins left out), the share that the surrounding "
         "prefix or suffix already uses: names taken from the context rather than invented or junk subwords.",
         "",
@@ -402,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--through",
+        choices=["engine", "editor"],
+        default="engine",
+        help="score the engine's raw candidate, or what dg_lsp.pipeline hands an editor",
+    )
     args = ap.parse_args(argv)
 
     start = time.perf_counter()
@@ -424,7 +497,12 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if every > 0:
             tasks += humaneval_tasks(suite, every)
-    opts = {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "steps": args.steps}
+    opts = {
+        "prompt_tokens": args.prompt_tokens,
+        "max_tokens": args.max_tokens,
+        "steps": args.steps,
+        "through": args.through,
+    }
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
             name: pool.submit(evaluate_model, backend_of(d), d, tasks, opts) for name, d in models.items()

@@ -1,9 +1,11 @@
-"""Training record of the embedded diffusion model and its AR twin, from their run directories.
+"""Training record of the embedded model and its AR twin (and earlier candidates), from their run directories.
 
-    python benchmarks/model_training.py runs/diffusion-cpu-2h runs/ar-cpu-2h
+    python benchmarks/model_training.py runs/recipe-2h runs/dream-from-ar runs/ar-gemma3-cpu \
+        --note "how the runs shared the machine"
 
-Writes benchmarks/results/model_training.md (steps, tokens, wall time, held-out losses) and
-model_training.png (both runs' loss curves, drawn by the trainer's own plot function).
+Writes benchmarks/results/model_training.md (steps, tokens, threads, wall time, held-out losses) and
+model_training.png (every run's loss curves, drawn by the trainer's own plot function). Held-out figures
+of a masked run's causal phase are left out of "best": they measure another objective.
 """
 
 from __future__ import annotations
@@ -28,11 +30,24 @@ def _history(run: Path) -> list[dict]:
     return state["history"]
 
 
+def _recipe(cfg: dict, hist: list[dict]) -> str:
+    kind = cfg["kind"]
+    if cfg.get("causal_fraction"):
+        switch = next((h["step"] for h in hist if "phase_switch" in h), None)
+        return f"{kind}: causal to step {switch}, then masked (one run)"
+    init = next((h for h in hist if "init_from" in h), None)
+    if init:
+        return f"{kind}: from `{init['init_from']}` ({init['init_kind']}) at step {init['step']}"
+    return kind + (" (shifted logits)" if cfg.get("logits_shift") else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--note", default="", help="how the runs were run (alone, side by side...)")
     args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,15 +57,16 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         cfg = json.loads((run / "config.json").read_text())
         hist = _history(run)
-        train = [h for h in hist if "tokens" in h]
-        valid = [h for h in hist if "valid_loss" in h]
+        train = [h for h in hist if "loss" in h]
+        valid = [h for h in hist if "valid_loss" in h and h.get("phase") != "causal"]
         best = min(valid, key=lambda h: h["valid_loss"])
-        png = args.out / f"model_training_{cfg['kind']}.png"
+        png = args.out / f"model_training_{run.name}.png"
         plot_history(hist, png, f"{cfg['kind']} ({run.name})")
         images.append(png)
         rows.append(
-            f"| {cfg['kind']} | `{run}` | {train[-1]['step']} | {cfg['batch_size']} | "
-            f"{train[-1]['tokens'] / 1e6:.2f}M | {train[-1]['time'] / 60:.1f} | {best['step']} | "
+            f"| {_recipe(cfg, hist)} | `{run}` | {train[-1]['step']} | {cfg['batch_size']} | "
+            f"{train[-1]['tokens'] / 1e6:.2f}M | {cfg['threads']} | {train[-1]['time'] / 60:.1f} | "
+            f"{best['step']} | "
             f"{best['valid_loss']:.4f} | {best['valid_ar_loss']:.4f} | {valid[-1]['valid_loss']:.4f} |"
         )
     pics = [Image.open(p) for p in images]
@@ -62,23 +78,24 @@ def main(argv: list[str] | None = None) -> int:
     sheet.save(args.out / "model_training.png")
     text = "\n".join(
         [
-            "# Training record: embedded diffusion model and AR twin",
+            "# Training record: the embedded model, its AR twin and earlier candidates",
             "",
             f"Command: `python {' '.join(sys.argv)}`",
             "",
             f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; machine: {platform.machine()}, "
-            f"{os.cpu_count()} CPU cores shared with other jobs, 1 torch thread per run, runs concurrent; "
-            f"torch {torch.__version__}.",
+            f"{os.cpu_count()} CPU cores; torch {torch.__version__}. {args.note}",
             "",
-            "| kind | run | steps | batch | tokens | minutes | best step | held-out loss | held-out AR loss "
-            "| final held-out loss |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| recipe | run | steps | batch | tokens | threads | minutes | best step | held-out loss "
+            "| held-out AR loss | final held-out loss |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *rows,
             "",
-            "Held-out loss: diffusion = canvas cross-entropy (middle + EOS padding), t on a fixed grid and "
-            "no self-conditioning; AR = cross-entropy on middle + EOS tokens. The AR column is the encoder's "
-            "(diffusion) or the whole PSM sequence's (AR) next-token loss. Both on the same 64 held-out "
-            "examples. Tokens = prompt + canvas tokens (identical example stream for both runs).",
+            "Held-out loss: diffusion and masked = canvas cross-entropy (middle + EOS padding), t on a fixed "
+            "grid, no self-conditioning; AR = cross-entropy on middle + EOS tokens. The AR column is the "
+            "encoder's next-token loss (diffusion), the context CE with everything masked at t (masked), or "
+            "the whole PSM sequence's next-token loss (AR). All on the same 64 held-out examples. Tokens = "
+            "prompt + canvas tokens; runs with the same batch see the identical example stream. Minutes = "
+            "the training loop's clock (a run started `--init-from` another includes that run's time).",
             "",
             "![loss curves](model_training.png)",
             "",

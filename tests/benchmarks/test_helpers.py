@@ -71,6 +71,20 @@ def test_context_identifiers_count_names_from_the_surrounding_code():
     )  # log is a name, console is not
 
 
+def test_balanced_brackets_compares_against_the_reference_middle():
+    import model_quality as mq
+
+    task = mq.Task("single-line", "t", "def f(xs):\n    return sum(", ")\n", "x * 2 for x in xs")
+    assert mq.balanced_brackets(task, "len(xs)", "python")
+    assert not mq.balanced_brackets(task, "len(xs", "python")  # leaves one more open
+    assert not mq.balanced_brackets(task, "xs))", "python")  # closes what the suffix closes
+    assert mq.balanced_brackets(task, "'(' * 3", "python")  # brackets in strings do not count
+    # a window that does not balance on its own is judged against its reference
+    window = mq.Task("held-out", "h", "  if (ok) {\n    run(", ");\n", "a, [b]")
+    assert mq.balanced_brackets(window, "x", "javascript")
+    assert not mq.balanced_brackets(window, "x]", "javascript")
+
+
 def test_single_line_infill_skips_leading_blank_lines():
     assert peers.cut_continuation("\n    x = 1\n    y = 2\n", "", single_line=True) == "\n    x = 1\n"
     assert peers.cut_continuation("\n   ", "", single_line=True) == "\n   "  # no code line yet: keep going

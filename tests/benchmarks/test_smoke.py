@@ -7,6 +7,7 @@ benchmarks/results/.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,3 +39,39 @@ def test_smoke_mode_writes_report(name, tmp_path):
     assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert (tmp_path / f"{name}.json").exists()
     assert "| --- |" in report  # a markdown table of figures was written
+
+
+HUMANEVAL = ROOT.parent / "shared/benchmarks/humaneval-infilling"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(
+    not HUMANEVAL.exists(), reason="../shared/benchmarks/humaneval-infilling is not beside the repo"
+)
+def test_model_quality_scores_what_the_editor_shows(tmp_path):
+    """The shipped models through `dg_lsp.pipeline` on a few HumanEval tasks, programs run sandboxed."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("rapidfuzz")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["--spans", "0", "--single-every", "60", "--multi-every", "0", "--light-every", "0",
+            "--through", "editor", "--workers", "1", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/model_quality.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (tmp_path / "model_quality.md").read_text()
+    assert "Scored through the editor pipeline" in report
+    assert "| single-line | 18 | balanced_brackets |" in report
+    raw = json.loads((tmp_path / "model_quality.json").read_text())
+    assert set(raw) == {"diffusion", "AR twin"}
+    for scored in raw.values():
+        outcomes = scored["outcomes"]
+        assert len(outcomes) == 18 and all(o["passed"] in (True, False) for o in outcomes)
+        # blank answers are never counted as parsing or balanced
+        assert all(o["completion"].strip() or not (o["parses"] or o["balanced"]) for o in outcomes)
+    assert (tmp_path / "model_quality.png").stat().st_size > 1000
