@@ -1,9 +1,11 @@
 """Engine speed: ms per denoising step, forward passes per token, tokens/s, cache and quantization effects.
 
-Runs every backend on local checkpoints: the embedded model when `dg_lsp/models/embedded` exists, else
-a random model of the embedded architecture (dg_lsp/training/configs/cpu-2h.json: same shapes, so the
-same cost per step; outputs are noise, so early exit and EOS never trigger), plus a masked LM and the
-causal twin of the same shapes. Prompts come from a real file (CPython's `_pydecimal.py`).
+Runs every backend on local checkpoints. Masked diffusion and AR: the shipped models
+(`dg_lsp/models/embedded`, a Dream-style masked model, and `dg_lsp/models/ar_twin`) when present, else
+random models of the DiffusionGemma's width and depth. DiffusionGemma: a random model of the architecture
+embedded before the masked model (dg_lsp/training/configs/cpu-2h.json: same shapes, so the same cost per
+step; outputs are noise, so early exit and EOS never trigger). Prompts come from a real file (CPython's
+`_pydecimal.py`).
 
     python benchmarks/engine_bench.py            # writes benchmarks/results/engine_bench.{md,png}
     python benchmarks/engine_bench.py --quick    # fewer repetitions
@@ -29,12 +31,13 @@ import torch
 from dg_lsp.engine import quantization as quant
 from dg_lsp.engine.ar import AutoregressiveEngine
 from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
-from dg_lsp.engine.loader import EMBEDDED_DIR
+from dg_lsp.engine.loader import EMBEDDED_DIR, detect_backend
 from dg_lsp.engine.masked import MaskedDiffusionEngine
 from dg_lsp.engine.types import InfillRequest
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
+AR_TWIN_DIR = ROOT / "dg_lsp/models/ar_twin"
 SPANS = (8, 16, 32, 64, 128)
 
 
@@ -337,6 +340,11 @@ def plot(sweeps: list[dict], typing: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _backend(model_dir: Path) -> str | None:
+    config = model_dir / "config.json"
+    return detect_backend(json.loads(config.read_text())) if config.exists() else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -349,11 +357,13 @@ def main() -> None:
     load = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="dg-engine-bench-"))
     dirs = embedded_shaped(tmp, text)
-    if (EMBEDDED_DIR / "config.json").exists():
-        dg_dir, dg_label = EMBEDDED_DIR, "embedded model (trained)"
-    else:
-        dg_dir, dg_label = dirs["dg"], "random model with the embedded architecture"
-    masked_dir, causal_dir = dirs["masked"], dirs["ar"]
+    dg_dir, dg_label = dirs["dg"], "random model with the architecture embedded before (cpu-2h.json)"
+    masked_dir, masked_label = dirs["masked"], "random bidirectional Gemma3 of the same width/depth"
+    if _backend(EMBEDDED_DIR) == "masked":
+        masked_dir, masked_label = EMBEDDED_DIR, "the embedded model (trained, Dream-style)"
+    causal_dir, ar_label = dirs["ar"], "random causal twin of the DiffusionGemma (Gemma4ForCausalLM)"
+    if _backend(AR_TWIN_DIR) == "ar":
+        causal_dir, ar_label = AR_TWIN_DIR, "the embedded model's AR twin (trained)"
 
     dg = DiffusionGemmaEngine(dg_dir)
     params = sum(p.numel() for p in dg.model.parameters()) / 1e6
@@ -415,24 +425,24 @@ def main() -> None:
         "",
         f"DiffusionGemma: {dg_label}, {params:.2f}M parameters, vocabulary {vocab:,}, "
         f"canvas {dg.canvas_length}. "
-        f"Masked: a bidirectional Gemma3 of the same width/depth (dense MLP, {masked_params:.2f}M). "
-        f"AR: the causal twin (Gemma4ForCausalLM, {ar_params:.2f}M). All random weights, same tokenizer.",
+        f"Masked: {masked_label} ({masked_params:.2f}M). AR: {ar_label} ({ar_params:.2f}M). Random models "
+        "share one BPE trained on the benchmark file; trained models bring their own (8,192 tokens).",
         "Prompt: ~3,000 characters of `_pydecimal.py` before the cursor and 600 after. "
         f"Figures are medians of {reps} seeds; 'ms/step' is (total - prompt encode) / forward passes; "
         "'CPU ms' is this process's CPU time (wall time includes waiting for the shared CPU). "
         "Random weights never emit EOS and are never "
-        "confident, so DiffusionGemma always fills the whole canvas and runs every step: these are the "
-        "worst-case pass counts. Spans above the canvas take several canvases (one encoder pass each).",
+        "confident, so a random model always fills the whole canvas and runs every step: these are the "
+        "worst-case pass counts; a trained model stops where its span ends. Spans above the canvas take "
+        "several canvases (one encoder pass each).",
         "",
         "## Span length x sampler (no caches)",
         "",
         *table(sweeps, COLS),
         "",
         "Dual cache (masked): the context KV comes from the first full pass and is not refreshed, so it is "
-        f"approximate; tokens equal to the no-cache run: {agreement}. Random weights give near-flat "
-        "distributions where tiny KV differences flip the argmax, so this agreement says little about a "
-        "trained model (the canvas-only pass itself is exact while the context is unchanged: "
-        "tests/engine/test_masked.py).",
+        f"approximate; tokens equal to the no-cache run: {agreement}. With random weights (near-flat "
+        "distributions) tiny KV differences flip the argmax, so only a trained model's agreement means much "
+        "(the canvas-only pass itself is exact while the context is unchanged: tests/engine/test_masked.py).",
         "",
         "## Reuse while typing (12 keystrokes, 16-token span, 4 steps)",
         "",
