@@ -250,7 +250,7 @@ def backend_of(model_dir: str) -> str:
     return detect_backend(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int):
+def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int, masked: dict | None = None):
     import torch
 
     torch.set_num_threads(1)
@@ -260,7 +260,7 @@ def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int):
         engine = MaskedDiffusionEngine(
             model_dir,
             max_prompt_tokens=prompt_tokens,
-            sampler=MaskedSamplerConfig(steps=steps),
+            sampler=MaskedSamplerConfig.from_options(masked or {}, steps=steps),
             use_continuation_cache=False,
         )
         engine.use_prompt_cache = False
@@ -304,7 +304,7 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
 
     from dg_lsp.engine.types import InfillRequest
 
-    engine = _load_engine(kind, model_dir, args["prompt_tokens"], args["steps"])
+    engine = _load_engine(kind, model_dir, args["prompt_tokens"], args["steps"], args.get("masked"))
     info = engine.describe()
     outcomes = []
     for task in tasks:
@@ -410,6 +410,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
             if args.through == "editor"
             else "Scored on the engine's raw first candidate. "
         )
+        + (f"Masked sampler options: `{' '.join(args.masked)}`. " if args.masked else "")
         + f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
@@ -475,6 +476,13 @@ def main(argv: list[str] | None = None) -> int:
         default="engine",
         help="score the engine's raw candidate, or what dg_lsp.pipeline hands an editor",
     )
+    ap.add_argument(
+        "--masked",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="masked sampler option, as the `masked.*` setting (e.g. blockLength=8, threshold=0.8)",
+    )
     args = ap.parse_args(argv)
 
     start = time.perf_counter()
@@ -502,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "steps": args.steps,
         "through": args.through,
+        "masked": {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
