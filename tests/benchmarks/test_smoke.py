@@ -18,21 +18,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["side_by_side", "lsp_latency", "memory"])
-def test_smoke_mode_writes_report(name, tmp_path):
+def run_script(name: str, args: list[str], timeout: float) -> None:
+    """A benchmark script as its documented command, offline and on one thread; it must exit 0."""
     pytest.importorskip("matplotlib")  # the `bench` extra
     pytest.importorskip("rapidfuzz")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, f"benchmarks/{name}.py", "--smoke", "--out", str(tmp_path)],
+        [sys.executable, f"benchmarks/{name}.py", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=880,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["side_by_side", "lsp_latency", "memory"])
+def test_smoke_mode_writes_report(name, tmp_path):
+    run_script(name, ["--smoke", "--out", str(tmp_path)], timeout=880)
     report = (tmp_path / f"{name}.md").read_text()
     assert f"Command: `python benchmarks/{name}.py --smoke --out {tmp_path}`" in report
     assert "torch " in report and "cores" in report and "Date: " in report
@@ -50,20 +55,9 @@ HUMANEVAL = ROOT.parent / "shared/benchmarks/humaneval-infilling"
 )
 def test_model_quality_scores_what_the_editor_shows(tmp_path):
     """The shipped models through `dg_lsp.pipeline` on a few HumanEval tasks, programs run sandboxed."""
-    pytest.importorskip("matplotlib")
-    pytest.importorskip("rapidfuzz")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["--spans", "0", "--single-every", "60", "--multi-every", "0", "--light-every", "0",
             "--through", "editor", "--workers", "1", "--out", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/model_quality.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=580,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_script("model_quality", args, timeout=580)
     report = (tmp_path / "model_quality.md").read_text()
     assert "Scored through the editor pipeline" in report
     assert "| single-line | 18 | balanced_brackets |" in report
