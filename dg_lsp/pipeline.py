@@ -49,6 +49,7 @@ def plan(
         max_tokens=max(1, min(settings.max_tokens, ctx.span.max_tokens)),
         single_line=ctx.span.single_line,
         language=snapshot.language,
+        blank_start=ctx.blank_start,
         num_candidates=max(1, settings.num_candidates),
         steps=settings.denoising_steps or None,
         seed=settings.seed,

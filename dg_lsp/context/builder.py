@@ -17,6 +17,7 @@ from dg_lsp.engine.types import InfillRequest
 
 _OPENS_BLOCK = re.compile(r"(:|\{|\(|\[|\bthen|\bdo|\belse|\bfunction\b.*\))\s*$")
 SELECTION_MAX_TOKENS = 512
+LINE_START_KINDS = frozenset({"line_above", "empty_line", "function_body"})
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,13 @@ class InfillContext:
         if self.end_offset < 0:
             object.__setattr__(self, "end_offset", self.cursor_offset)
 
+    @property
+    def blank_start(self) -> bool:
+        """Whether the infill may begin with a blank line. Not at the start of a line, where the new
+        lines go (above code, on a blank line, in an empty body): `postprocess` drops a leading blank
+        line there, and a model that starts with one usually goes on to end the block."""
+        return bool(self.line_prefix.strip()) or self.span.name not in LINE_START_KINDS
+
     def to_request(self, **overrides: object) -> InfillRequest:
         fields = {
             "prefix": self.prefix,
@@ -58,6 +66,7 @@ class InfillContext:
             "max_tokens": self.span.max_tokens,
             "single_line": self.span.single_line,
             "language": self.language,
+            "blank_start": self.blank_start,
         }
         fields.update(overrides)
         return InfillRequest(**fields)  # type: ignore[arg-type]

@@ -7,11 +7,13 @@ enclosing function, or repeat themselves. Each step below removes one such failu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from dg_lsp.context.brackets import CLOSE_FOR, CLOSERS, OPENERS, PAIR, bracket_events, unmatched_openers
 from dg_lsp.context.builder import InfillContext
 from dg_lsp.context.languages import INDENT_BLOCKS
+from dg_lsp.context.spans import kind
 
 TAB_WIDTH = 4
 _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
@@ -137,14 +139,21 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     """Drop the part of the candidate that re-types what follows the cursor."""
     lines = text.split("\n")
     following = _suffix_lines(ctx)
+    above = ctx.span.name == "line_above"
+    if above:
+        # the code after the cursor is the next line once these lines go in above it
+        following = [ctx.line_suffix.strip(), *following]
+        tail = lines[-1].strip()
+        if len(lines) > 1 and tail and following[0].startswith(tail):
+            lines = lines[:-1]  # the canvas ran on into re-typing that line
     if following and not _TRIVIAL_LINE.match(following[0]):
-        for i in range(1, len(lines)):
+        for i in range(0 if above else 1, len(lines)):
             if lines[i].strip() == following[0]:
                 lines = lines[:i]
                 break
     text = "\n".join(lines).rstrip()
     rest = ctx.line_suffix.strip()
-    if not rest:
+    if not rest or above:
         return text
     if text.endswith(rest):
         return text[: -len(rest)].rstrip() if "\n" in text else text[: -len(rest)]
@@ -195,6 +204,9 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     """The candidate ready to insert at the cursor, or None to drop it."""
     text = candidate.replace("\r\n", "\n").replace("\r", "\n")
     text = "\n".join(line.rstrip() for line in text.split("\n"))
+    if ctx.span.name == "line_above" and "\n" not in text:
+        # no line ended: the model writes the start of the cursor's line, not lines above it
+        ctx = dataclasses.replace(ctx, span=kind("line_rest"))
     span = ctx.span
     if span.single_line:
         text = text.split("\n", 1)[0]
@@ -219,4 +231,6 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     copies_above = text.strip() == prev and not _TRIVIAL_LINE.match(prev)
     if copies_above and not span.single_line and not ctx.line_prefix.strip():
         return None  # copies the line above
+    if span.name == "line_above":
+        return text + "\n" + ctx.line_prefix  # the code after the cursor keeps its own line
     return text

@@ -4,6 +4,7 @@
 |---|---|--:|---|---|---|
 | `line_rest` | after code on a line (end or middle) | 32 | yes | line | yes |
 | `empty_line` | on a blank line inside a block | 48 | no | blank_line | yes |
+| `line_above` | at the indentation of a code line: new lines go above it | 48 | no | blank_line | yes |
 | `block` | end of a line opening a block (`:`, `{`) | 64 | no | dedent | yes |
 | `function_body` | empty function body, after signature/docstring | 128 | no | dedent | yes |
 | `argument_list` | inside call arguments or a parameter list | 24 | if inline | bracket | yes |
@@ -53,6 +54,7 @@ SPAN_KINDS: dict[str, SpanKind] = {
     for k in (
         SpanKind("line_rest", 32, True, stop="line"),
         SpanKind("empty_line", 48, False, stop="blank_line"),
+        SpanKind("line_above", 48, False, stop="blank_line"),
         SpanKind("block", 64, False, stop="dedent"),
         SpanKind("function_body", 128, False, stop="dedent"),
         SpanKind("argument_list", 24, True, stop="bracket"),
@@ -398,7 +400,8 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
         return kind(container, single_line=inline)
 
     if after.strip():
-        return kind("line_rest")
+        # nothing but indentation before the cursor: what fits here is whole lines above that code
+        return kind("line_rest" if inline else "line_above")
     if inline:
         code = before.rstrip()
         if _BLOCK_OPENER.search(code):

@@ -100,8 +100,12 @@ class AutoregressiveEngine(LocalEngine):
             stats.encode_ms = (time.perf_counter() - t0) * 1000
             stats.forward_passes += 1
             while True:
+                barred: set[int] = set()
                 if len(new) < self.min_tokens:
                     barred = self.stop_ids | (self.newline_ids() if request.single_line else set())
+                if not new and not request.blank_start:
+                    barred = barred | self.blank_start_ids()
+                if barred:
                     logits = logits.clone()
                     logits[0, sorted(barred)] = float("-inf")
                 tok = int(logits[0].argmax())

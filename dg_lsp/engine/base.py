@@ -63,6 +63,7 @@ class LocalEngine:
         self.use_continuation_cache = use_continuation_cache
         self.use_prompt_cache = use_prompt_cache
         self._newline_ids: set[int] | None = None
+        self._blank_start_ids: set[int] | None = None
 
     def _generate(
         self, request: InfillRequest, check: Callable[[], None], stats: InfillStats
@@ -92,6 +93,14 @@ class LocalEngine:
             texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
             self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
         return self._newline_ids
+
+    def blank_start_ids(self) -> set[int]:
+        """Token ids whose text starts a blank line (a newline after nothing but spaces), stops excluded."""
+        if self._blank_start_ids is None:
+            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+            self._blank_start_ids = {i for i, t in enumerate(texts) if t.lstrip(" \t").startswith("\n")}
+            self._blank_start_ids -= self.stop_ids
+        return self._blank_start_ids
 
     def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
         start = time.perf_counter()

@@ -258,6 +258,9 @@ class MaskedDiffusionEngine(LocalEngine):
         # single-line spans: the caller cuts at the first newline, so masks after one are tail as well
         stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
         stop_tensor = torch.tensor(sorted(stops) or [-1], device=self.device)
+        blank_start = None
+        if not request.blank_start and self.blank_start_ids():
+            blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
         ctx = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and cfg.dual_cache and self.supports_kv
@@ -279,6 +282,8 @@ class MaskedDiffusionEngine(LocalEngine):
                 logits = logits.float()
                 if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
                     logits[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
+                if blank_start is not None:
+                    logits[:, 0, blank_start] = -1e9
                 stats.forward_passes += 1
                 logp = torch.log_softmax(logits, dim=-1)
                 scores = logp.clone()

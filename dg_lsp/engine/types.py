@@ -23,6 +23,9 @@ class InfillRequest:
     single_line: bool = False
     """Stop rule: the caller will cut at the first newline, so the engine may stop early there."""
     language: str | None = None
+    blank_start: bool = True
+    """False: bar tokens that start a blank line from the first position. At the start of a line the
+    caller drops leading blank lines anyway, and a small model's likeliest guess there is one."""
     num_candidates: int = 1
     steps: int | None = None
     """Denoising steps per canvas; None lets the engine choose from its settings and budget."""

@@ -77,6 +77,16 @@ CASES = [
         "return s.length;   \n}",
         "return s.length;",
     ),
+    # --- at the indentation of a code line: whole lines go in above it, and it keeps its own line
+    ("python", "def f(x):\n    y = 1\n    <|>return y\n", "y += 2\n", "y += 2\n    "),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "y += 2\n", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    return y\n", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    ret", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\nz = 3\n", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    return y\n", None),
+    ("javascript", "function f(a) {\n  <|>return b;\n}\n", "const b = a * 2;\n", "const b = a * 2;\n  "),
+    ("python", "def f(x):\n    <|>x.append(1)\n", "self.", "self."),  # no line ended: the line's start
     # --- repeated or empty output
     ("python", "def f(x):\n    <|>\n", "x = 1\nx = 1\nx = 1", "x = 1"),
     ("python", "x = foo(<|>)\n", ")", None),

@@ -28,6 +28,8 @@ CASES = [
     ("python", 'x = "abc<|>\ny = 2\n', "string", True),  # unterminated: the tree only has ERROR
     ("python", 'def f():\n    """<|>\n\nx = 1\n', "docstring", False),
     ("python", "x = foo(a,\n      <|>\n", "argument_list", False),
+    ("python", "def mean(xs):\n    n = len(xs)\n    <|>return s / n\n", "line_above", False),
+    ("python", "def mean(xs):\n    n = len(xs)\n<|>    return s / n\n", "line_above", False),
     ("python", "def broken(:\n    pass\n\nx = [\n    1,\n]\n<|>\n", "empty_line", False),  # error far away
     # JavaScript
     ("javascript", "function add(a, b) {\n  <|>\n}\n", "function_body", False),
@@ -57,6 +59,7 @@ CASES = [
     ("rust", 'fn main() {\n    println!("{}", <|>);\n}\n', "argument_list", True),
     ("rust", "fn sq(x: i32) -> i32 {\n    <|>\n}\n", "function_body", False),
     ("rust", 'fn main() {\n    let s = "hello <|>";\n}\n', "string", True),
+    ("javascript", "function f(a) {\n  <|>return b;\n}\n", "line_above", False),
     ("rust", 'fn main() {\n    let x = 1;\n    <|>\n    println!("{}", x);\n}\n', "empty_line", False),
     # C
     ("c", '#include <stdio.h>\nint main(void) {\n  printf("%d\\n", <|>);\n}\n', "argument_list", True),
@@ -160,3 +163,19 @@ def test_open_quote(line, language, quote):
     from dg_lsp.context.brackets import open_quote
 
     assert open_quote(line, language) == quote
+
+
+@pytest.mark.parametrize(
+    ("src", "blank_start"),
+    [
+        ("def mean(xs):\n    n = len(xs)\n<|>    return s / n\n", False),  # line_above
+        ("def mean(xs):\n    n = len(xs)\n    <|>\n    return s / n\n", False),  # empty_line
+        ("def mean(xs):\n    <|>\n", False),  # function_body on its blank line
+        ("def mean(xs):<|>\n", True),  # function_body after the signature: the newline comes first
+        ("def area(r):\n    return 3.14 * r<|>\n", True),  # line_rest
+    ],
+)
+def test_a_blank_first_line_is_barred_only_where_lines_start(ctx_at, src, blank_start):
+    ctx, _ = ctx_at(src, "python")
+    assert ctx.blank_start is blank_start
+    assert ctx.to_request().blank_start is blank_start

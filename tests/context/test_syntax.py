@@ -101,6 +101,17 @@ def test_rank_prefers_candidates_that_fix_errors():
     assert ranked[0] == "2)"
 
 
+def test_lines_inserted_above_the_code_at_the_cursor_keep_it_on_its_own_line():
+    text, offset = split_cursor("def mean(xs):\n    n = len(xs)\n<|>    return s / n\n")
+    snap = parse_snapshot(text, "python")
+    ctx = build_context(snap, offset)
+    candidates = [("    s = sum(xs)\n    return", -0.2), ("    s = sum(xs) +\n", -0.1)]
+    ranked = rank_candidates(candidates, ctx, snap)
+    assert ranked == ["    s = sum(xs)\n"]
+    filled = text[:offset] + ranked[0] + text[offset:]
+    assert not parse_snapshot(filled, "python").tree.root_node.has_error
+
+
 def test_rank_without_tree_only_postprocesses():
     ctx = build_context("hello wor", 9)
     assert rank_candidates([("ld\nmore", -1.0)], ctx, None) == ["ld"]

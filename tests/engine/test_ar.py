@@ -68,6 +68,31 @@ def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
         assert ids == ([first] if single_line else [])  # the newline ends the line: nothing to show
 
 
+@pytest.mark.parametrize("blank_start", [True, False])
+def test_a_blank_first_line_can_be_barred(ar_engine, blank_start):
+    """A model whose surest first token starts a blank line, with a word second, then EOS."""
+    saved = ar_engine.use_continuation_cache, ar_engine.use_prompt_cache
+    ar_engine.use_continuation_cache = ar_engine.use_prompt_cache = False
+    word = ar_engine.tokenizer.encode("items", add_special_tokens=False)[0]
+    blank = min(ar_engine.blank_start_ids())
+    calls = []
+
+    def hook(_module, _args, out):
+        calls.append(1)
+        out.logits[:, -1, :] = -10.0
+        out.logits[:, -1, word] = 2.0
+        out.logits[:, -1, blank if len(calls) == 1 else tokens.EOS_ID] = 10.0
+        return out
+
+    handle = ar_engine.model.register_forward_hook(hook)
+    try:
+        result = ar_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=8, blank_start=blank_start))
+    finally:
+        handle.remove()
+        ar_engine.use_continuation_cache, ar_engine.use_prompt_cache = saved
+    assert result.candidates[0].token_ids == ([blank] if blank_start else [word])
+
+
 def test_prompts_outgrow_the_sliding_window(ar_engine):
     assert len(ar_engine.prompt_ids(InfillRequest(PREFIX, SUFFIX))) > ar_engine.model.config.sliding_window
 

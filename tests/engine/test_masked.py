@@ -191,6 +191,35 @@ def test_min_tokens_bars_an_empty_span(masked_engine, min_tokens):
         assert result.stats.forward_passes == (2 if min_tokens else 1)  # word, then EOS at the frontier
 
 
+def blank_first_model(engine, request, length, word):
+    """A model whose surest first token starts a blank line (`word` second), then surely EOS."""
+    _ids, start = engine.canvas(request, length)
+    eos = engine.tokenizer.eos_token_id
+    blank = min(engine.blank_start_ids())
+
+    def hook(_module, _args, _kwargs, out):
+        logits = out.logits
+        logits[:, start : start + length] = -10.0
+        logits[:, start + 1 : start + length, eos] = 10.0
+        logits[:, start, blank] = 10.0
+        logits[:, start, word] = 8.0
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("blank_start", [True, False])
+def test_a_blank_first_line_can_be_barred(masked_engine, blank_start):
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    assert masked_engine.tokenizer.decode([min(masked_engine.blank_start_ids())]).lstrip(" ").startswith("\n")
+    assert word not in masked_engine.blank_start_ids()
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=8, steps=4, blank_start=blank_start)
+    result = infill_shaped(masked_engine, blank_first_model, req, word)
+    first = result.candidates[0].token_ids[0]
+    assert (first == word) is not blank_start
+    assert (first in masked_engine.blank_start_ids()) is blank_start
+
+
 def test_blocks_unmask_left_to_right(masked_engine):
     masked_engine.use_continuation_cache = False
     saved = masked_engine.cfg
