@@ -291,7 +291,7 @@ def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str,
         max_tokens=args["max_tokens"],
         denoising_steps=args["steps"],
         seed=0,
-        num_candidates=1,
+        num_candidates=args.get("candidates", 1),
         latency_budget_ms=0,
     )
     snapshot = context.as_snapshot(task.prefix + task.suffix, language)
@@ -341,11 +341,14 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
     summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
     for suite in dict.fromkeys(o.suite for o in outcomes):
         rows = [o for o in outcomes if o.suite == suite]
+        shown = [o for o in rows if o.completion.strip()]
         s = {
             "tasks": len(rows),
             "exact_match": sum(o.exact for o in rows) / len(rows),
             "edit_similarity": sum(o.edit_sim for o in rows) / len(rows),
             "nonempty_parsing": sum(bool(o.parses) for o in rows) / len(rows),
+            "shown": len(shown) / len(rows),
+            "parsing_when_shown": sum(bool(o.parses) for o in shown) / max(1, len(shown)),
             "balanced_brackets": sum(bool(o.balanced) for o in rows) / len(rows),
             "context_identifiers": sum(o.context_ids[0] for o in rows)
             / max(1, sum(o.context_ids[1] for o in rows)),
@@ -394,7 +397,9 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     import transformers
 
     lines = [
-        "# Model quality: the embedded diffusion model vs its AR twin",
+        "# Model quality"
+        + (" through the editor pipeline" if args.through == "editor" else "")
+        + ": the embedded diffusion model vs its AR twin",
         "",
         f"Command: `python {' '.join(sys.argv)}`",
         "",
@@ -406,7 +411,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
         + (
             "Scored through the editor pipeline (`dg_lsp.pipeline`: window, span kind, post-processing, "
-            "syntax check; blank when every candidate was rejected). "
+            f"syntax check; blank when every candidate was rejected), {args.candidates} candidate(s) "
+            "per request. "
             if args.through == "editor"
             else "Scored on the engine's raw first candidate. "
         )
@@ -420,7 +426,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     first = next(iter(summaries.values()))
     for suite, s in first.suites.items():
         for metric in ("exact_match", "edit_similarity", "pass@1", "nonempty_parsing", "balanced_brackets",
-                       "context_identifiers", "mean_ms", "mean_forward_passes"):  # fmt: skip
+                       "context_identifiers", "shown", "parsing_when_shown", "mean_ms",
+                       "mean_forward_passes"):  # fmt: skip
             if metric not in s:
                 continue
             vals = []
@@ -438,7 +445,9 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         "completions that are non-blank and leave the file's brackets open and unopened exactly as the "
         "reference middle does (strings and comments skipped). context_identifiers: of the "
         "identifiers the completions use (keywords and builtins left out), the share that the surrounding "
-        "prefix or suffix already uses: names taken from the context rather than invented or junk subwords.",
+        "prefix or suffix already uses: names taken from the context rather than invented or junk subwords. "
+        "shown: share of non-blank completions (through the editor, blank = every candidate was rejected, "
+        "so the editor shows nothing); parsing_when_shown: of those, the share that keep the file parsing.",
         "",
         "mean_ms is wall time per request on a CPU shared with other jobs: indicative only; the "
         "engine benchmarks measure speed properly.",
@@ -477,6 +486,13 @@ def main(argv: list[str] | None = None) -> int:
         help="score the engine's raw candidate, or what dg_lsp.pipeline hands an editor",
     )
     ap.add_argument(
+        "--candidates",
+        type=int,
+        default=1,
+        help="with --through editor: candidates per request (the num_candidates setting); "
+        "the editor shows the best-ranked one that passes post-processing and the syntax check",
+    )
+    ap.add_argument(
         "--masked",
         action="append",
         default=[],
@@ -510,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "steps": args.steps,
         "through": args.through,
+        "candidates": args.candidates,
         "masked": {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

@@ -79,6 +79,19 @@ def rows(results: Path) -> list[list[str]]:
             ]
             if he:
                 out.append([label, "HumanEval-infilling pass@1 (larger subsets)", ", ".join(he), src])
+    editor = _load(results / "model_quality_editor", "model_quality")
+    if editor:
+        src = "model_quality_editor/model_quality.md"
+        for label, data in editor.items():
+            suites = data.get("summary", {}).get("suites", {})
+            shown = [
+                f"{k} {100 * v['nonempty_parsing']:.1f}% / {100 * v['shown']:.1f}%"
+                for k, v in suites.items()
+                if "shown" in v
+            ]
+            if shown:
+                figure = "through the editor pipeline: shown and parsing / shown"
+                out.append([label, figure, ", ".join(shown), src])
     mem = _load(results, "memory")
     if mem:
         src = f"memory.md ({_when(mem)})"
