@@ -125,6 +125,22 @@ def _cut_repeats(text: str, ctx: InfillContext) -> str:
     return text
 
 
+_STUTTER = re.compile(r"(\w{2,8}?)\1{2,}")
+
+
+def _cut_stutter(text: str) -> str:
+    """Cut from the first line with a stuttering word (`max_size_size_size`, `_to_to_to`).
+
+    Positions decoded in parallel can each settle on the same likely subword, so a diffusion canvas
+    sometimes repeats one within a word; such a line is never what the user meant.
+    """
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if any(len(set(m[1])) > 1 for m in _STUTTER.finditer(line)):
+            return "\n".join(lines[:i])
+    return text
+
+
 def _suffix_lines(ctx: InfillContext, n: int = 3) -> list[str]:
     out = []
     for line in ctx.suffix.split("\n")[1:]:
@@ -219,6 +235,8 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
         if span.stop in ("dedent", "blank_line"):
             text = _cut_at_dedent(text, ctx)
     text = _cut_repeats(text, ctx)
+    if not span.prose:
+        text = _cut_stutter(text)
     text = remove_suffix_overlap(text, ctx)
     if not span.prose:
         text = balance(text, ctx)

@@ -89,6 +89,10 @@ CASES = [
     ("python", "def f(x):\n    <|>x.append(1)\n", "self.", "self."),  # no line ended: the line's start
     # --- repeated or empty output
     ("python", "def f(x):\n    <|>\n", "x = 1\nx = 1\nx = 1", "x = 1"),
+    ("python", "def f(x):\n    <|>\n", "y = x\n    z = x_to_to_to\n    w = 1", "y = x"),
+    ("python", "x = self.<|>\n", "_sock_sock_sock,", None),
+    ("python", "x = <|>\n", "'abab' + name_name", "'abab' + name_name"),  # twice is not a stutter
+    ("python", "x = '<|>'\n", "hahaha", "hahaha"),  # prose may laugh
     ("python", "x = foo(<|>)\n", ")", None),
     ("python", "x = foo(<|>)\n", "   \n  ", None),
     ("python", "import os\n<|>\n", "import os", None),
