@@ -93,6 +93,7 @@ CASES = [
     ("python", "x = self.<|>\n", "_sock_sock_sock,", None),
     ("python", "x = <|>\n", "'abab' + name_name", "'abab' + name_name"),  # twice is not a stutter
     ("python", "x = '<|>'\n", "hahaha", "hahaha"),  # prose may laugh
+    ("python", "style = {<|>}\n", "'bg': '#5a5a5a'", "'bg': '#5a5a5a'"),  # hex digits repeat on purpose
     ("python", "x = foo(<|>)\n", ")", None),
     ("python", "x = foo(<|>)\n", "   \n  ", None),
     ("python", "import os\n<|>\n", "import os", None),
