@@ -25,7 +25,8 @@ class InfillRequest:
     language: str | None = None
     blank_start: bool = True
     """False: bar tokens that start a blank line from the first position. At the start of a line the
-    caller drops leading blank lines anyway, and a small model's likeliest guess there is one."""
+    caller drops leading blank lines anyway, and a small model's likeliest guess there is one. The masked
+    and AR engines honour it; the DiffusionGemma sampler has no per-position bars (nor `min_tokens`)."""
     num_candidates: int = 1
     steps: int | None = None
     """Denoising steps per canvas; None lets the engine choose from its settings and budget."""
