@@ -69,3 +69,20 @@ def test_model_quality_scores_what_the_editor_shows(tmp_path):
         # blank answers are never counted as parsing or balanced
         assert all(o["completion"].strip() or not (o["parses"] or o["balanced"]) for o in outcomes)
     assert (tmp_path / "model_quality.png").stat().st_size > 1000
+
+
+@pytest.mark.timeout(600)
+def test_sampler_sweep_compares_settings_on_the_same_tasks(tmp_path):
+    """Two sampler settings of the shipped diffusion model through the editor, collected in one table."""
+    args = ["--spans", "0", "--single-every", "120", "--multi-every", "0", "--light-every", "0",
+            "--setting", "block4=blockLength=4", "--out", str(tmp_path)]  # fmt: skip
+    run_script("sampler_sweep", args, timeout=580)
+    raw = json.loads((tmp_path / "sampler_sweep.json").read_text())
+    assert raw["settings"] == {"default": [], "block4": ["blockLength=4"]}
+    default, block4 = (raw["results"][name]["single-line"] for name in ("default", "block4"))
+    assert default["tasks"] == block4["tasks"] == 9
+    untimed = [{k: v for k, v in s.items() if k != "mean_ms"} for s in (default, block4)]
+    assert untimed[0] != untimed[1]  # the option reached the sampler
+    report = (tmp_path / "sampler_sweep.md").read_text()
+    assert "| single-line (9) | shown |" in report
+    assert (tmp_path / "sampler_sweep.png").stat().st_size > 1000
