@@ -163,12 +163,8 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     lines = text.split("\n")
     following = _suffix_lines(ctx)
     above = ctx.span.name == "line_above"
-    if above:
-        # the code after the cursor is the next line once these lines go in above it
+    if above:  # the code after the cursor is the next line once these lines go in above it
         following = [ctx.line_suffix.strip(), *following]
-        tail = lines[-1].strip()
-        if len(lines) > 1 and tail and following[0].startswith(tail):
-            lines = lines[:-1]  # the canvas ran on into re-typing that line
     if following and not _TRIVIAL_LINE.match(following[0]):
         for i in range(0 if above else 1, len(lines)):
             if lines[i].strip() == following[0]:
@@ -227,9 +223,12 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     """The candidate ready to insert at the cursor, or None to drop it."""
     text = candidate.replace("\r\n", "\n").replace("\r", "\n")
     text = "\n".join(line.rstrip() for line in text.split("\n"))
-    if ctx.span.name == "line_above" and "\n" not in text:
-        # no line ended: the model writes the start of the cursor's line, not lines above it
-        ctx = dataclasses.replace(ctx, span=kind("line_rest"))
+    if ctx.span.name == "line_above":
+        if "\n" not in text:
+            # no line ended: the model writes the start of the cursor's line, not lines above it
+            ctx = dataclasses.replace(ctx, span=kind("line_rest"))
+        else:
+            text = text[: text.rfind("\n") + 1]  # an unfinished last line cannot go above the code
     span = ctx.span
     if span.single_line:
         text = text.split("\n", 1)[0]

@@ -83,6 +83,7 @@ CASES = [
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "y += 2\n", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    return y\n", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    ret", "    y += 2\n"),
+    ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    return..", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\nz = 3\n", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    return y\n", None),
     ("javascript", "function f(a) {\n  <|>return b;\n}\n", "const b = a * 2;\n", "const b = a * 2;\n  "),
