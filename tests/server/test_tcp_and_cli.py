@@ -124,6 +124,23 @@ def test_complete_prints_an_infill_for_the_example(tiny_model_dir):
     assert text[: data["offset"]].endswith("        return ")
 
 
+def test_complete_at_a_lines_indentation_puts_whole_lines_above_it():
+    """The embedded model, cursor at column 0 of `return self.items.pop()`: what comes back is whole
+    lines that go in above that code, which keeps its own line, and the file still parses."""
+    from dg_lsp.context import parse_snapshot
+
+    out = _dg("complete", str(EXAMPLE), "--line", "14", "--character", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["span_kind"] == "line_above"
+    assert data["candidates"], data
+    src = EXAMPLE.read_text()
+    for text in data["candidates"]:
+        filled = src[: data["offset"]] + text + src[data["offset"] :]
+        assert text.endswith("\n") and filled.endswith(src[data["offset"] :])
+        assert not parse_snapshot(filled, "python").tree.root_node.has_error, filled
+
+
 def test_complete_reports_unreadable_file(tmp_path):
     out = _dg("complete", str(tmp_path / "missing.py"), "--line", "1", "--character", "1", timeout=60)
     assert out.returncode == 2
