@@ -37,14 +37,12 @@ def test_greedy_matches_transformers_generate(ar_engine):
     assert result.stats.tokens_per_forward == 1.0
 
 
-@pytest.mark.parametrize("min_tokens", [0, 1])
-@pytest.mark.parametrize("single_line", [False, True])
-def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
-    """A model whose surest first token ends the answer (EOS, or a newline on a single line)."""
-    saved = ar_engine.min_tokens, ar_engine.use_continuation_cache, ar_engine.use_prompt_cache
-    ar_engine.use_continuation_cache = ar_engine.use_prompt_cache = False
-    word = ar_engine.tokenizer.encode("items", add_special_tokens=False)[0]
-    first = min(ar_engine.newline_ids()) if single_line else tokens.EOS_ID
+def infill_first_shaped(engine, first, request):
+    """Infill (caches off) through a model whose surest first token is `first`, with the word `items`
+    second, and whose surest token after that is EOS. Returns the generated ids and the word's id."""
+    saved = engine.use_continuation_cache, engine.use_prompt_cache
+    engine.use_continuation_cache = engine.use_prompt_cache = False
+    word = engine.tokenizer.encode("items", add_special_tokens=False)[0]
     calls = []
 
     def hook(_module, _args, out):
@@ -54,14 +52,26 @@ def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
         out.logits[:, -1, first if len(calls) == 1 else tokens.EOS_ID] = 10.0
         return out
 
-    ar_engine.min_tokens = min_tokens
-    handle = ar_engine.model.register_forward_hook(hook)
+    handle = engine.model.register_forward_hook(hook)
     try:
-        result = ar_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=8, single_line=single_line))
+        result = engine.infill(request)
     finally:
         handle.remove()
-        ar_engine.min_tokens, ar_engine.use_continuation_cache, ar_engine.use_prompt_cache = saved
-    ids = result.candidates[0].token_ids if result.candidates else []
+        engine.use_continuation_cache, engine.use_prompt_cache = saved
+    return (result.candidates[0].token_ids if result.candidates else []), word
+
+
+@pytest.mark.parametrize("min_tokens", [0, 1])
+@pytest.mark.parametrize("single_line", [False, True])
+def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
+    """A model whose surest first token ends the answer (EOS, or a newline on a single line)."""
+    first = min(ar_engine.newline_ids()) if single_line else tokens.EOS_ID
+    saved, ar_engine.min_tokens = ar_engine.min_tokens, min_tokens
+    try:
+        request = InfillRequest(PREFIX, SUFFIX, max_tokens=8, single_line=single_line)
+        ids, word = infill_first_shaped(ar_engine, first, request)
+    finally:
+        ar_engine.min_tokens = saved
     if min_tokens:
         assert ids == [word]  # the word, then EOS
     else:
@@ -70,27 +80,11 @@ def test_min_tokens_bars_an_empty_answer(ar_engine, min_tokens, single_line):
 
 @pytest.mark.parametrize("blank_start", [True, False])
 def test_a_blank_first_line_can_be_barred(ar_engine, blank_start):
-    """A model whose surest first token starts a blank line, with a word second, then EOS."""
-    saved = ar_engine.use_continuation_cache, ar_engine.use_prompt_cache
-    ar_engine.use_continuation_cache = ar_engine.use_prompt_cache = False
-    word = ar_engine.tokenizer.encode("items", add_special_tokens=False)[0]
+    """A model whose surest first token starts a blank line."""
     blank = min(ar_engine.blank_start_ids())
-    calls = []
-
-    def hook(_module, _args, out):
-        calls.append(1)
-        out.logits[:, -1, :] = -10.0
-        out.logits[:, -1, word] = 2.0
-        out.logits[:, -1, blank if len(calls) == 1 else tokens.EOS_ID] = 10.0
-        return out
-
-    handle = ar_engine.model.register_forward_hook(hook)
-    try:
-        result = ar_engine.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=8, blank_start=blank_start))
-    finally:
-        handle.remove()
-        ar_engine.use_continuation_cache, ar_engine.use_prompt_cache = saved
-    assert result.candidates[0].token_ids == ([blank] if blank_start else [word])
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=8, blank_start=blank_start)
+    ids, word = infill_first_shaped(ar_engine, blank, request)
+    assert ids == ([blank] if blank_start else [word])
 
 
 def test_prompts_outgrow_the_sliding_window(ar_engine):
