@@ -96,10 +96,12 @@ class LocalEngine:
 
     def blank_start_ids(self) -> set[int]:
         """Token ids whose text starts a blank line (a newline after nothing but spaces), stops excluded."""
-        if self._blank_start_ids is None:
-            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
-            self._blank_start_ids = {i for i, t in enumerate(texts) if t.lstrip(" \t").startswith("\n")}
-            self._blank_start_ids -= self.stop_ids
+        if self._blank_start_ids is None:  # a subset of the newline ids: decode only those again
+            ids = sorted(self.newline_ids())
+            texts = self.tokenizer.batch_decode([[i] for i in ids])
+            self._blank_start_ids = {
+                i for i, t in zip(ids, texts, strict=True) if t.lstrip(" \t").startswith("\n")
+            }
         return self._blank_start_ids
 
     def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
