@@ -79,6 +79,18 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=quiet)
 
 
+def _add_transport_flags(p: argparse.ArgumentParser) -> None:
+    """The flags LSP clients append on their own: vscode-languageclient adds `--stdio` for a command
+    started with TransportKind.stdio (and `--clientProcessId=N` for node servers); without them the
+    server exits before the editor can talk to it."""
+    quiet = argparse.SUPPRESS
+    p.add_argument("--stdio", action="store_true", default=quiet, help="serve on stdin/stdout (the default)")
+    # The editor's pid also arrives as `processId` in `initialize`, which the server already watches.
+    p.add_argument(
+        "--clientProcessId", "--client-process-id", dest="client_process_id", default=quiet, help=quiet
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dg-lsp",
@@ -88,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--log-file", help="write logs here instead of stderr")
     parser.add_argument("--tcp", action="store_true", help="serve over TCP instead of stdio")
+    _add_transport_flags(parser)
     parser.add_argument("--host", default="127.0.0.1", help="TCP address (loopback unless --allow-remote)")
     parser.add_argument("--port", type=int, default=2087)
     parser.add_argument(
@@ -96,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(parser)
     sub = parser.add_subparsers(dest="command")
 
-    sub.add_parser("serve", help="run the language server (the default)")
+    _add_transport_flags(sub.add_parser("serve", help="run the language server (the default)"))
 
     c = sub.add_parser("complete", help="run the infill pipeline once at a position and print the result")
     c.add_argument("file", type=Path)
@@ -132,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.tcp and getattr(args, "stdio", False):
+        parser.error("--stdio and --tcp are two transports: pass one")
     if args.command in (None, "serve", "serve-engine"):
         _force_offline()
     _setup_logging(args.log_level, args.log_file)
