@@ -84,6 +84,8 @@ class DgLanguageServer(LanguageServer):
         self._loaded_settings: Settings | None = None
         self._load_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
+        self.session_started = False
+        """Set by `initialize`: from then on the process serves that client (TCP stops waiting for one)."""
 
     # -- user messages ---------------------------------------------------------------------------
 
@@ -115,8 +117,11 @@ class DgLanguageServer(LanguageServer):
         source = transport.StdioSource(stdin or sys.stdin.buffer)
         code = 0
         try:
-            asyncio.run(transport.read_frames(source, self.protocol, self._stop_event))
-            log.info("end of input: the client closed the connection")
+            outcome = asyncio.run(transport.read_frames(source, self.protocol, self._stop_event))
+            if outcome == transport.REJECTED:
+                code = 1
+            else:
+                log.info("end of input: the client closed the connection")
         except SystemExit as exc:
             code = transport.exit_code(exc)
         except BrokenPipeError:
@@ -128,7 +133,12 @@ class DgLanguageServer(LanguageServer):
         return code
 
     def start_tcp(self, host: str, port: int) -> int:  # type: ignore[override]
-        """Serve one client at a time over TCP; stop when it disconnects or sends `exit`."""
+        """Serve one client at a time over TCP until the client that initialized leaves or sends `exit`.
+
+        Until a client has initialized, a connection that closes, stays silent or speaks something other
+        than LSP (a port probe, a browser's HTTP request) is dropped and the server keeps listening: the
+        editor may still be on its way.
+        """
         self._stop_event = stop = threading.Event()
         result = {"code": 0}
 
@@ -137,18 +147,28 @@ class DgLanguageServer(LanguageServer):
             busy = asyncio.Lock()
 
             async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-                if busy.locked():  # a second client would hijack the first one's session
-                    log.warning("refusing a second connection from %s", writer.get_extra_info("peername"))
+                peer = writer.get_extra_info("peername")
+                if not await self._claim(busy):  # a second client would hijack the first one's session
+                    log.warning("refusing a second connection from %s", peer)
                     writer.close()
                     return
-                async with busy:
+                try:
                     self.protocol.set_writer(writer)  # type: ignore[arg-type]
+                    timeout = None if self.session_started else transport.FIRST_FRAME_TIMEOUT_S
+                    source = transport.StreamSource(reader)
                     try:
-                        await transport.read_frames(transport.StreamSource(reader), self.protocol, stop)
+                        outcome = await transport.read_frames(source, self.protocol, stop, timeout)
                     except SystemExit as exc:
                         result["code"] = transport.exit_code(exc)
-                    finally:
                         finished.set()
+                        return
+                    if self.session_started:
+                        finished.set()
+                        return
+                    log.info("connection from %s ended before initialize (%s); listening on", peer, outcome)
+                    writer.close()
+                finally:
+                    busy.release()
 
             self._server = server = await asyncio.start_server(
                 connection, host, port, limit=2 * transport.MAX_HEADER_LINE
@@ -168,6 +188,23 @@ class DgLanguageServer(LanguageServer):
             self._server = None
             self._close()
         return result["code"]
+
+    async def _claim(self, busy: asyncio.Lock) -> bool:
+        """Take the one client slot. While no client has initialized, wait for it: the connection
+        holding it may be a port probe that is about to close (a silent one times out)."""
+        if not self.session_started:
+            try:
+                await asyncio.wait_for(busy.acquire(), transport.FIRST_FRAME_TIMEOUT_S + 5)
+            except TimeoutError:
+                return False
+            if not self.session_started:
+                return True
+            busy.release()
+            return False
+        if busy.locked():
+            return False
+        await busy.acquire()
+        return True
 
     def watch_client(self, pid: int | None) -> None:
         """Exit when the editor process dies, even if something else keeps our stdin open (LSP spec)."""
@@ -327,6 +364,7 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
     def initialize(ls: DgLanguageServer, params: types.InitializeParams) -> None:
         encoding = ls.workspace.position_encoding
         ls.docs.encoding = str(getattr(encoding, "value", encoding) or "utf-16")
+        ls.session_started = True
         ls.apply_settings(params.initialization_options)
         ls.watch_client(params.process_id)
 

@@ -2,10 +2,17 @@
 
 pygls's reader drops a malformed message without answering (the editor then waits forever for a
 response), allocates whatever `Content-Length` claims, loses the next frame after a short length and
-dies on deep nesting. This loop reads headers leniently (any case, LF or CRLF, resynchronising on
-the next `Content-Length`), bounds every read, and answers each broken request with the JSON-RPC
+dies on deep nesting. This loop bounds every read and answers each broken request with the JSON-RPC
 error the spec prescribes (-32700 parse error, -32600 invalid request, -32602 invalid params) so the
 editor is never left waiting and the server keeps serving.
+
+Headers are strict where it matters for security: a web page can make a browser send an HTTP request
+to a loopback port, and an HTTP body can carry a perfect LSP message. So only LSP's own header lines
+(`Content-Length`, `Content-Type`; any case, LF or CRLF) are accepted, and a connection whose first
+non-blank line is anything else (an HTTP request line, `Host:`, garbage) is closed before a single
+byte of it reaches the dispatcher. Once a connection has sent one valid frame it has proven to be an
+LSP client, and junk between frames (the tail of a frame whose length was too short) is skipped to
+resynchronise on the next header, except HTTP request lines and HTTP headers, which still close it.
 """
 
 from __future__ import annotations
@@ -46,7 +53,26 @@ INVALID_REQUEST = -32600
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 
+FIRST_FRAME_TIMEOUT_S = 10.0
+"""A TCP connection that sends no complete frame in this long is closed: it holds the one client slot."""
+
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*(\d{1,15})[ \t]*\r?\n?$", re.IGNORECASE)
+_LSP_LENGTH = re.compile(rb"content-length[ \t]*:[ \t]*(\d{1,15})[ \t]*\r?\n", re.IGNORECASE)
+_LSP_TYPE = re.compile(rb"content-type[ \t]*:[^\r\n]*\r?\n", re.IGNORECASE)
+_REQUEST_LINE = re.compile(rb"[A-Za-z][A-Za-z_-]*[ \t]+\S+[ \t]+HTTP/\d", re.IGNORECASE)
+_HEADER_NAME = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+)[ \t]*:")
+_HTTP_PREFIXES = (b"sec-", b"access-control-", b"proxy-", b"x-forwarded-")
+HTTP_HEADERS = frozenset(
+    b"host origin referer user-agent accept accept-encoding accept-language accept-charset connection "
+    b"upgrade cookie authorization cache-control pragma te expect transfer-encoding content-encoding "
+    b"content-language keep-alive dnt priority if-none-match if-modified-since range via forwarded "
+    b"upgrade-insecure-requests".split()
+)
+
+END = "end"
+"""`read_frames` outcomes: end of stream, a connection closed for speaking something else, `stop`."""
+REJECTED = "rejected"
+STOPPED = "stopped"
 
 
 class Source(Protocol):
@@ -127,25 +153,65 @@ class StreamSource:
             return b""
 
 
-async def read_frames(source: Source, protocol: Any, stop: threading.Event | None = None) -> None:
-    """Read frames until end of stream (or `stop`), handing each body to `dispatch`."""
+class Rejected(Exception):
+    """The peer is not an LSP client; the connection is closed without dispatching anything."""
+
+
+def _is_http(line: bytes) -> bool:
+    """An HTTP request line or an HTTP header: never sent by an LSP client, always by a browser."""
+    if _REQUEST_LINE.match(line):
+        return True
+    match = _HEADER_NAME.match(line)
+    if match is None:
+        return False
+    name = match.group(1).lower()
+    return name in HTTP_HEADERS or name.startswith(_HTTP_PREFIXES)
+
+
+def _header(line: bytes, proven: bool) -> int | None:
+    """The length a header line announces (None for other acceptable lines); raise `Rejected`.
+
+    Before the first frame only LSP header lines pass; afterwards other junk is skipped, so the
+    stream resynchronises on the next header (a `search`: after a too-short frame the leftover body
+    shares a line with the next header).
+    """
+    if (match := _LSP_LENGTH.fullmatch(line)) is not None:
+        return int(match.group(1))
+    if _LSP_TYPE.fullmatch(line):
+        return None
+    if not proven or _is_http(line):
+        raise Rejected(line)
+    match = _CONTENT_LENGTH.search(line)
+    return int(match.group(1)) if match else None
+
+
+async def read_frames(
+    source: Source,
+    protocol: Any,
+    stop: threading.Event | None = None,
+    first_frame_timeout: float | None = None,
+) -> str:
+    """Read frames until end of stream, a non-LSP peer (`REJECTED`) or `stop`, dispatching each body.
+
+    `first_frame_timeout` bounds the wait for the first complete frame (TCP: a silent connection
+    would otherwise hold the only client slot forever).
+    """
+    proven = False
     while stop is None or not stop.is_set():
-        length: int | None = None
-        while True:
-            line = await source.readline(MAX_HEADER_LINE)
-            if not line:
-                return
-            if not line.endswith(b"\n"):
-                continue  # a piece of an over-long line (a body read as headers after a bad length)
-            if not line.strip():
-                if length is not None:
-                    break
-                continue  # stray blank line (e.g. the tail of a frame whose length was too short)
-            # `search`, not `match`: after a too-short frame the leftover body shares a line with
-            # the next header, and the next frame must still be found.
-            match = _CONTENT_LENGTH.search(line)
-            if match:
-                length = int(match.group(1))
+        try:
+            if proven or first_frame_timeout is None:
+                length = await _read_header(source, proven)
+            else:
+                length = await asyncio.wait_for(_read_header(source, proven), first_frame_timeout)
+        except Rejected as exc:
+            line = exc.args[0]
+            log.warning("closing the connection: not an LSP header (%s): %r", _kind(line), line[:80])
+            return REJECTED
+        except TimeoutError:
+            log.warning("closing the connection: no LSP frame within %.0f s", first_frame_timeout)
+            return REJECTED
+        if length is None:
+            return END
         if length > MAX_MESSAGE_BYTES:
             # Most likely a corrupt header: answer, then resynchronise on the next header instead of
             # swallowing everything the client sends afterwards as one impossible body.
@@ -154,8 +220,40 @@ async def read_frames(source: Source, protocol: Any, stop: threading.Event | Non
             continue
         body = await _read_exactly(source, length)
         if body is None:
-            return
+            return END
+        proven = True
         dispatch(protocol, body)
+    return STOPPED
+
+
+async def _read_header(source: Source, proven: bool) -> int | None:
+    """The Content-Length of the next frame, or None at end of stream."""
+    length: int | None = None
+    while True:
+        line = await source.readline(MAX_HEADER_LINE)
+        if not line:
+            return None
+        if not line.endswith(b"\n"):
+            if not proven:
+                raise Rejected(line)
+            continue  # a piece of an over-long line (a body read as headers after a bad length)
+        if not line.strip():
+            if length is not None:
+                return length
+            continue  # stray blank line (e.g. the tail of a frame whose length was too short)
+        announced = _header(line, proven)
+        if announced is not None:
+            length = announced
+
+
+def _kind(line: bytes) -> str:
+    if _REQUEST_LINE.match(line):
+        return "an HTTP request line"
+    if _is_http(line):
+        return "an HTTP header"
+    if not line.endswith(b"\n"):
+        return "an over-long line"
+    return "not a header"
 
 
 async def _read_exactly(source: Source, n: int) -> bytes | None:
@@ -202,6 +300,11 @@ def dispatch(protocol: Any, body: bytes) -> None:
     if "method" not in data and not has_id:
         send_error(protocol, None, INVALID_REQUEST, "Invalid Request: neither a request nor a response")
         return
+    if getattr(protocol, "_shutdown", False) and method != "exit" and "method" in data:
+        # The spec: after `shutdown` every request is an invalid request (pygls drops it unanswered).
+        if reply_id is not None:
+            send_error(protocol, reply_id, INVALID_REQUEST, f"Invalid Request: {method} after shutdown")
+        return
     if "params" in data and not isinstance(data["params"], dict | list | type(None)):
         if reply_id is not None:
             send_error(protocol, reply_id, INVALID_PARAMS, "Invalid params: must be an object or an array")
@@ -238,7 +341,9 @@ def dispatch(protocol: Any, body: bytes) -> None:
     except Exception as exc:  # the server keeps serving
         log.exception("%s failed", method)
         if reply_id is not None:
-            send_error(protocol, reply_id, JsonRpcInternalError.code, f"Internal error: {exc}")
+            # The reason is in the log; tracebacks and file paths stay on this machine.
+            message = f"Internal error ({type(exc).__name__}); see the server log"
+            send_error(protocol, reply_id, JsonRpcInternalError.code, message)
 
 
 def _describe(exc: BaseException) -> str:
