@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from dg_lsp.engine.types import InfillEngine
+from dg_lsp.files import FileRefused, check_regular_file, read_regular_file
 from dg_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -17,8 +19,64 @@ BACKENDS = ("diffusion-gemma", "masked", "ar", "remote")
 MASKED_ARCH_HINTS = ("llada", "dream", "diffucoder", "mdlm", "masked")
 
 
+CONFIG_CAP = 8 * 1024 * 1024
+"""config.json: real ones are a few KB."""
+TEXT_CAP = 64 * 1024 * 1024
+"""Tokenizer, vocabulary and code files: Gemma's tokenizer.json is 33 MB."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+TEXT_SUFFIXES = (".json", ".model", ".txt", ".tiktoken", ".py", ".vocab", ".jinja", ".spm")
+
+
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message is shown to the user as is."""
+
+
+def error_text(exc: BaseException) -> str:
+    """A message for the user that is never empty (a bare MemoryError or KeyError has no text)."""
+    text = str(exc).strip()
+    if isinstance(exc, ModelLoadError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def check_model_files(model_dir: Path) -> None:
+    """Refuse a directory holding anything transformers could block on or read without end.
+
+    Every entry must be a regular file or a directory (a FIFO would block `open` for ever, a device
+    such as /dev/zero never ends), and text files have a size cap, checked before anything reads them.
+    Weights are exempt from caps: they are memory-mapped, and their size is the model's.
+    """
+    try:
+        entries = sorted(os.scandir(model_dir), key=lambda e: e.name)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot list model directory {model_dir}: {exc.strerror or exc}") from None
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if entry.is_dir():
+                continue
+            cap = CONFIG_CAP if entry.name == "config.json" else TEXT_CAP
+            check_regular_file(path, None if entry.name.endswith(WEIGHT_SUFFIXES) else cap)
+        except FileRefused as exc:
+            raise ModelLoadError(f"refusing model file: {exc}") from None
+        except OSError as exc:  # a dangling symlink, no permission
+            raise ModelLoadError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+
+
+def read_config(model_dir: Path) -> dict:
+    """config.json as a dict, read within its cap; any problem is a `ModelLoadError` with text."""
+    path = model_dir / "config.json"
+    try:
+        data = json.loads(read_regular_file(path, CONFIG_CAP))
+    except FileRefused as exc:
+        raise ModelLoadError(f"refusing model file: {exc}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} is not a JSON object")
+    return data
 
 
 def resolve_device(device: str) -> str:
@@ -45,7 +103,7 @@ def resolve_model_dir(model: str) -> Path:
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ModelLoadError(f"model directory not found: {path}")
-    if not (path / "config.json").exists():
+    if not os.path.lexists(path / "config.json"):
         raise ModelLoadError(f"not a model directory (no config.json): {path}")
     return path
 
@@ -76,11 +134,13 @@ def load_engine(settings: Settings) -> InfillEngine:
 
         return RemoteEngine(settings.model.removeprefix("remote:"))
     model_dir = resolve_model_dir(settings.model)
+    check_model_files(model_dir)
+    config = read_config(model_dir)
     device = resolve_device(settings.device)
     backend = settings.backend
     try:
         if backend == "auto":
-            backend = detect_backend(json.loads((model_dir / "config.json").read_text()))
+            backend = detect_backend(config)
         if backend not in BACKENDS:
             raise ModelLoadError(f"unknown backend {backend!r}; expected auto or one of {BACKENDS}")
         opts = settings.extra or {}
@@ -113,4 +173,4 @@ def load_engine(settings: Settings) -> InfillEngine:
     except ModelLoadError:
         raise
     except Exception as exc:  # corrupt weights, wrong architecture, OOM: all reach the user the same way
-        raise ModelLoadError(f"could not load model from {model_dir}: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(f"could not load model from {model_dir}: {error_text(exc)}") from exc

@@ -22,12 +22,12 @@ from pygls.lsp.server import LanguageServer
 from pygls.protocol import LanguageServerProtocol, lsp_method
 
 from dg_lsp import __version__, pipeline
-from dg_lsp.engine.loader import load_engine
+from dg_lsp.engine.loader import ModelLoadError, error_text, load_engine
 from dg_lsp.engine.types import Cancelled
 from dg_lsp.server import actions, transport
 from dg_lsp.server.documents import DocumentStore
-from dg_lsp.server.worker import ModelWorker, NotReady
-from dg_lsp.settings import Settings
+from dg_lsp.server.worker import LoadSuperseded, ModelWorker, NotReady
+from dg_lsp.settings import LocalPolicy, Settings
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,20 @@ class DgProtocol(LanguageServerProtocol):
     def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
         yield from self._user(types.TEXT_DOCUMENT_DID_CLOSE, params)
 
+    def _send_response(self, msg_id: Any, result: Any = None, error: Any = None) -> None:
+        """pygls puts a handler's traceback (file paths, source lines) into internal-error responses;
+        it stays in the log."""
+        if error is not None and getattr(error, "data", None) is not None:
+            log.debug("error data kept from the client: %s", error.data)
+            error = types.ResponseError(code=error.code, message=error.message)
+        super()._send_response(msg_id, result, error)
+
 
 class DgLanguageServer(LanguageServer):
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, policy: LocalPolicy | None = None) -> None:
         super().__init__("dg-lsp", __version__, protocol_cls=DgProtocol)
         self.settings = settings or Settings()
+        self.policy = policy if policy is not None else LocalPolicy.load()
         self.docs = DocumentStore()
         self.worker = ModelWorker()
         self._told: set[str] = set()
@@ -106,7 +115,8 @@ class DgLanguageServer(LanguageServer):
             log.warning("protocol error (%s): %s", getattr(source, "__name__", source), error)
             return
         log.error("internal error (%s): %s", getattr(source, "__name__", source), error)
-        self.tell_once(f"internal:{type(error).__name__}", f"internal error, see the log: {error}")
+        name = type(error).__name__
+        self.tell_once(f"internal:{name}", f"internal error ({name}), see the server log")
 
     # -- transports ------------------------------------------------------------------------------
 
@@ -242,16 +252,17 @@ class DgLanguageServer(LanguageServer):
         if data is None:
             return
         if not isinstance(data, dict):
-            self.tell_once("settings-type", f"ignoring settings that are not an object: {data!r}")
+            self.tell_once("settings-type", f"ignoring settings that are not an object: {str(data)[:80]}")
             return
-        try:
-            self.settings = Settings.from_dict(data, self.settings)
-        except ValueError as exc:
-            self.tell_once(f"settings:{exc}", f"invalid setting ignored: {exc}")
+        self.settings, errors = Settings.merge(data, self.settings)
+        for error in errors:
+            self.tell_once(f"settings:{error}", f"{error} (ignored)", types.MessageType.Warning)
 
     def start_loading(self) -> None:
-        settings = self.settings
-        self._loaded_settings = settings
+        self._loaded_settings = self.settings
+        settings, note, refusal = self.policy.apply(self.settings)
+        if note:
+            self.tell_once(f"policy:{note}", note, types.MessageType.Warning)
         loop = asyncio.get_running_loop()
         token = f"dg-lsp-load-{uuid.uuid4().hex[:8]}"
         progress = self._progress_supported()
@@ -272,22 +283,26 @@ class DgLanguageServer(LanguageServer):
                     )
                 except Exception:
                     log.debug("client refused progress token", exc_info=True)
-            self.worker.load(lambda: load_engine(settings), finish)
+            self.worker.load(lambda: _load(settings, refusal), finish)
 
         self._load_task = loop.create_task(begin_then_load())
 
     def _load_finished(
         self, token: str, progress: bool, settings: Settings, error: BaseException | None
     ) -> None:
-        message = "ready" if error is None else f"failed: {error}"
+        if isinstance(error, LoadSuperseded):
+            message = "superseded by a newer model"
+        else:
+            message = "ready" if error is None else f"failed: {error_text(error)}"
         if progress:
             try:
                 self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
             except Exception:
                 log.debug("progress end failed", exc_info=True)
-        if error is not None:
+        if error is not None and not isinstance(error, LoadSuperseded):
+            text = error_text(error)
             self.tell_once(
-                f"load:{settings.model}:{error}", f"could not load model {settings.model!r}: {error}"
+                f"load:{settings.model}:{text}", f"could not load model {settings.model!r}: {text}"
             )
         else:
             engine = self.worker.engine
@@ -357,14 +372,22 @@ class DgLanguageServer(LanguageServer):
         return result
 
 
-def create_server(settings: Settings | None = None) -> DgLanguageServer:
-    ls = DgLanguageServer(settings)
+def _load(settings: Settings, refusal: str | None):
+    if refusal:
+        raise ModelLoadError(refusal)
+    return load_engine(settings)
+
+
+def create_server(settings: Settings | None = None, policy: LocalPolicy | None = None) -> DgLanguageServer:
+    ls = DgLanguageServer(settings, policy)
 
     @ls.feature(types.INITIALIZE)
     def initialize(ls: DgLanguageServer, params: types.InitializeParams) -> None:
         encoding = ls.workspace.position_encoding
         ls.docs.encoding = str(getattr(encoding, "value", encoding) or "utf-16")
         ls.session_started = True
+        for problem in ls.policy.problems:
+            ls.tell_once(f"config:{problem}", f"config file ignored: {problem}", types.MessageType.Warning)
         ls.apply_settings(params.initialization_options)
         ls.watch_client(params.process_id)
 
@@ -400,6 +423,7 @@ def create_server(settings: Settings | None = None) -> DgLanguageServer:
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DgLanguageServer, params: types.DidCloseTextDocumentParams) -> None:
         ls.worker.cancel_key(params.text_document.uri)
+        ls.worker.forget(params.text_document.uri)
         ls.docs.close(params.text_document.uri)
 
     # -- completions -----------------------------------------------------------------------------

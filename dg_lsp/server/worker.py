@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from dg_lsp.engine.loader import error_text
 from dg_lsp.engine.types import Cancelled, InfillEngine
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,10 @@ class WorkerState(enum.Enum):
 
 class NotReady(Exception):
     """The model is loading or failed to load; callers answer empty at once."""
+
+
+class LoadSuperseded(Exception):
+    """A load was abandoned for a newer one before it finished; nothing for the user to fix."""
 
 
 @dataclass
@@ -61,6 +66,7 @@ class ModelWorker:
         self._engine: InfillEngine | None = None
         self._load_request: tuple[Loader, Callable[[BaseException | None], None]] | None = None
         self._stop = False
+        self._forget: set[str] = set()
         self.state = WorkerState.IDLE
         self.error: str | None = None
         self.max_pending = max_pending
@@ -121,6 +127,13 @@ class ModelWorker:
             self._cond.notify_all()
             return job
 
+    def forget(self, key: str) -> None:
+        """Drop what the engine caches for a closed document, on the worker thread that uses the caches."""
+        with self._cond:
+            if len(self._forget) < 10_000:
+                self._forget.add(key)
+            self._cond.notify_all()
+
     def cancel_key(self, key: str) -> None:
         with self._cond:
             job = self._pending.pop(key, None)
@@ -134,41 +147,66 @@ class ModelWorker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stop and self._load_request is None and not self._pending:
+                while not (self._stop or self._load_request or self._pending or self._forget):
                     self._cond.wait()
                 if self._stop:
                     return
-                if self._load_request is not None:
-                    loader, on_done = self._load_request
-                    self._load_request = None
-                    job = None
+                forget, self._forget = self._forget, set()
+                load, job = None, None
+                if forget:
+                    pass  # first, so that a closed document's caches go before the next job runs
+                elif self._load_request is not None:
+                    load, self._load_request = self._load_request, None
                 else:
                     _, job = self._pending.popitem(last=False)
                     self._running = job
-            if job is None:
-                self._do_load(loader, on_done)
-            else:
+            if forget:
+                _forget_documents(self._engine, forget)
+            elif load is not None:
+                self._do_load(*load)
+            elif job is not None:
                 self._do_job(job)
 
     def _do_load(self, loader: Loader, on_done: Callable[[BaseException | None], None]) -> None:
+        """Load on a helper thread and wait for it, or for a newer load request or `stop`.
+
+        A load can stall where nothing can interrupt it (a network file system, a file that turned into
+        a FIFO after the checks): the worker then abandons it, so a newer model still loads, and the
+        stalled thread's engine, should it ever finish, is dropped.
+        """
         self._engine = None
-        try:
-            engine = loader()
-            engine.warmup()
-        except BaseException as exc:  # the server must survive any loading failure
-            log.exception("model load failed")
+        outcome: list[InfillEngine | BaseException] = []
+
+        def load() -> None:
+            try:
+                engine = loader()
+                engine.warmup()
+                result: InfillEngine | BaseException = engine
+            except BaseException as exc:  # the server must survive any loading failure
+                log.error("model load failed: %s", error_text(exc), exc_info=True)
+                result = exc
             with self._cond:
+                outcome.append(result)
+                self._cond.notify_all()
+
+        threading.Thread(target=load, name="dg-lsp-load", daemon=True).start()
+        with self._cond:
+            while not outcome and self._load_request is None and not self._stop:
+                self._cond.wait()
+            if not outcome:
+                log.warning("abandoning a model load that has not finished, for a newer request")
+                abandoned: BaseException | None = LoadSuperseded("superseded before it finished loading")
+            elif isinstance(outcome[0], BaseException):
+                abandoned = outcome[0]
                 if self._load_request is None:
                     self.state = WorkerState.FAILED
-                    self.error = str(exc)
-            on_done(exc)
-            return
-        with self._cond:
-            superseded = self._load_request is not None
-            if not superseded:
-                self._engine = engine
-                self.state = WorkerState.READY
-        on_done(None)
+                    self.error = error_text(abandoned)
+            else:
+                abandoned = None
+                if self._load_request is None:
+                    self._engine = outcome[0]
+                    self.state = WorkerState.READY
+        on_done(abandoned)
 
     def _do_job(self, job: Job) -> None:
         try:
@@ -194,3 +232,14 @@ class ModelWorker:
         finally:
             with self._cond:
                 self._running = None
+
+
+def _forget_documents(engine: InfillEngine | None, keys: set[str]) -> None:
+    """Per-document caches are bounded LRUs, but a closed document's entries should not wait to age out."""
+    for name in ("continuations", "prompt_cache"):
+        cache = getattr(engine, name, None)
+        drop = getattr(cache, "forget", None) or getattr(cache, "pop", None)
+        if drop is None:
+            continue
+        for key in keys:
+            drop(key)

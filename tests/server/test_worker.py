@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -96,4 +97,61 @@ def test_model_exception_fails_only_that_request(tiny_model_dir):
         "doc", lambda engine, cancel: engine.infill(InfillRequest(prefix="a", suffix="", max_tokens=4))
     )
     assert ok.future.result(60).stats.forward_passes >= 1
+    worker.stop()
+
+
+def test_a_stalled_load_is_abandoned_for_a_newer_one(tiny_model_dir):
+    """A load that never returns (here: blocked on an event nobody sets) must not wedge the worker."""
+    worker = ModelWorker()
+    stalled = threading.Event()
+    never = threading.Event()
+    outcomes: list = []
+
+    def stalls():
+        stalled.set()
+        never.wait(60)
+        raise AssertionError("the stalled load was not abandoned")
+
+    worker.load(stalls, outcomes.append)
+    assert stalled.wait(10)
+    done = threading.Event()
+    worker.load(
+        lambda: load_engine(Settings(model=str(tiny_model_dir))), lambda e: (outcomes.append(e), done.set())
+    )
+    assert done.wait(120)
+    assert type(outcomes[0]).__name__ == "LoadSuperseded" and outcomes[1] is None
+    assert worker.state is WorkerState.READY
+    job = worker.submit("doc", lambda engine, cancel: engine.name)
+    assert job.future.result(30) == "diffusion-gemma"
+    never.set()
+    worker.stop()
+
+
+def test_load_errors_always_have_text():
+    worker = ModelWorker()
+    done = threading.Event()
+    errors: list = []
+
+    def empty_error():
+        raise MemoryError()
+
+    worker.load(empty_error, lambda e: (errors.append(e), done.set()))
+    assert done.wait(30)
+    assert worker.state is WorkerState.FAILED and worker.error == "MemoryError"
+    worker.stop()
+
+
+def test_forget_drops_a_closed_documents_caches(tiny_model_dir):
+    worker = _ready_worker(tiny_model_dir)
+    engine = worker.engine
+    request = InfillRequest("def f(x):\n    return ", "\n", max_tokens=4, steps=2)
+    for key in ("a.py", "b.py"):
+        job = worker.submit(key, lambda e, c, key=key: e.infill(dataclasses.replace(request, doc_key=key), c))
+        job.future.result(60)
+    assert engine.prompt_cache.get("a.py") is not None and engine.prompt_cache.get("b.py") is not None
+    worker.forget("a.py")
+    job = worker.submit("b.py", lambda e, c: None)  # runs after the forget: the queue is in order
+    job.future.result(30)
+    assert engine.prompt_cache.get("a.py") is None and engine.continuations.lookup("a.py", "x", "") is None
+    assert engine.prompt_cache.get("b.py") is not None
     worker.stop()
