@@ -60,7 +60,18 @@ def _settings_from_args(args: argparse.Namespace):
             overrides[key] = value
     if getattr(args, "candidates", None) is not None:
         overrides["num_candidates"] = args.candidates
-    return Settings.from_dict(overrides)
+    overrides["trust_remote_code"] = _policy(args).trust_remote_code
+    try:
+        return Settings.from_dict(overrides)
+    except ValueError as exc:
+        raise SystemExit(f"dg-lsp: {exc}") from None
+
+
+def _policy(args: argparse.Namespace):
+    """What the person at the keyboard allowed: --trust-remote-code, --model remote:URL, env, config file."""
+    from dg_lsp.settings import LocalPolicy
+
+    return LocalPolicy.load(getattr(args, "trust_remote_code", False), getattr(args, "model", None))
 
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -77,6 +88,12 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         "--steps", dest="denoising_steps", type=int, default=quiet, help="denoising steps per canvas"
     )
     p.add_argument("--seed", type=int, default=quiet)
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        default=quiet,
+        help="let a model directory's own Python code run (the LSP setting can only turn it off)",
+    )
 
 
 def _add_transport_flags(p: argparse.ArgumentParser) -> None:
@@ -129,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("serve-engine", help="serve the model over HTTP for `model = remote:http://host:port`")
     e.add_argument("--engine-port", type=int, default=8765)
+    e.add_argument("--token-file", help="clients must send this file's token (also $DG_LSP_ENGINE_TOKEN)")
+    e.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request may hold the model")
     _add_model_flags(e)
 
     # Listed for --help only: main() hands `train ...` to the trainer before this parser runs.
@@ -173,12 +192,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
                 return 2
             log.warning("listening on %s: anyone who can reach it can read the documents you send", args.host)
-        server = create_server(settings)
+        server = create_server(settings, _policy(args))
         _exit_now(server.start_tcp(args.host, args.port))
     # Keep the protocol stream clean: anything a library prints goes to stderr instead.
     stdout = sys.stdout.buffer
     sys.stdout = sys.stderr
-    server = create_server(settings)
+    server = create_server(settings, _policy(args))
     _exit_now(server.start_io(sys.stdin.buffer, stdout))
 
 
@@ -192,10 +211,18 @@ def _exit_now(code: int | None) -> NoReturn:
 
 def cmd_serve_engine(args: argparse.Namespace) -> int:
     from dg_lsp.engine.loader import ModelLoadError, load_engine
-    from dg_lsp.engine.remote import serve
+    from dg_lsp.engine.remote import load_token, serve
 
     if not _is_loopback(args.host) and not args.allow_remote:
         print(f"dg-lsp: refusing non-loopback host {args.host!r} without --allow-remote", file=sys.stderr)
+        return 2
+    try:
+        token = load_token(args.token_file)
+    except (OSError, ValueError) as exc:
+        print(f"dg-lsp: {exc}", file=sys.stderr)
+        return 2
+    if token is None and not _is_loopback(args.host):
+        print("dg-lsp: off loopback, serve-engine needs --token-file or DG_LSP_ENGINE_TOKEN", file=sys.stderr)
         return 2
     try:
         engine = load_engine(_settings_from_args(args))
@@ -204,7 +231,7 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
         return 1
     engine.warmup()
     try:
-        serve(engine, args.host, args.engine_port)
+        serve(engine, args.host, args.engine_port, token=token, request_timeout_s=args.request_timeout)
     except KeyboardInterrupt:
         pass
     return 0
