@@ -143,6 +143,11 @@ def remote_code_model(tmp_path) -> Path:
     return path
 
 
+def _no_opt_in(tmp_path: Path) -> dict[str, str]:
+    """An environment where the person at the keyboard allowed nothing (no user config file either)."""
+    return {"DG_LSP_CONFIG": str(tmp_path / "no-config.toml"), "DG_LSP_TRUST_REMOTE_CODE": ""}
+
+
 def test_no_network_no_remote_code_and_no_reads_beyond_sent_documents(tmp_path, remote_code_model):
     # Every way a download could leave the process points at this loopback trap.
     trap = socket.socket()
@@ -163,6 +168,7 @@ def test_no_network_no_remote_code_and_no_reads_beyond_sent_documents(tmp_path, 
         "HF_HOME": str(tmp_path / "hf-home"),
         "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
         "DG_LSP_REMOTE_CODE_MARKER": str(marker),
+        **_no_opt_in(tmp_path),
     }
     options = {"dgLsp": {"model": "some-org/some-hub-model", **FAST}}
     with raw_server(tmp_path / "server.log", options, env=env) as server:
@@ -176,14 +182,68 @@ def test_no_network_no_remote_code_and_no_reads_beyond_sent_documents(tmp_path, 
 
         _check_unopened_file_is_never_read(server, tmp_path)
 
-        # Opting in is the only way the custom code runs, which shows the setting reaches the loader.
+        # A setting that arrives over the socket is no proof the user opted in: ignored, said once.
         settings = {"model": str(remote_code_model), "trustRemoteCode": True}
         server.notify("workspace/didChangeConfiguration", {"settings": {"dgLsp": settings}})
         assert server.wait_loaded(count=3) == "ready"
-        assert marker.read_text() == "remote code ran"
+        assert not marker.exists()
+        warnings = [m for m in server.messages(kind=2) if "trustRemoteCode" in m]
+        assert len(warnings) == 1 and "--trust-remote-code" in warnings[0], server.messages()
+
+        # Nor may a setting name a remote engine: it would send the user's code to that address.
+        remote = {"model": f"remote:{url}"}
+        server.notify("workspace/didChangeConfiguration", {"settings": {"dgLsp": remote}})
+        assert "refused" in server.wait_loaded(count=4)
+        assert any("--model remote:" in m for m in server.messages(kind=1)), server.messages()
+        server.notify("workspace/didChangeConfiguration", {"settings": {"backend": "remote", "model": url}})
+        assert "refused" in server.wait_loaded(count=5)
         assert server.shutdown() == 0
+    assert "Traceback" not in json.dumps(server.notifications)
     with pytest.raises(BlockingIOError):
         trap.accept()  # nobody ever connected
+    trap.close()
+
+
+@pytest.mark.parametrize("opt_in", ["flag", "environment", "config file"])
+def test_remote_code_runs_only_on_a_local_opt_in_which_the_setting_can_narrow(
+    tmp_path, remote_code_model, opt_in
+):
+    marker = tmp_path / "remote-code-ran"
+    env = {**_no_opt_in(tmp_path), "DG_LSP_REMOTE_CODE_MARKER": str(marker)}
+    args = []
+    if opt_in == "flag":
+        args = ["--trust-remote-code"]
+    elif opt_in == "environment":
+        env["DG_LSP_TRUST_REMOTE_CODE"] = "1"
+    else:
+        (tmp_path / "config.toml").write_text("trust_remote_code = true\n")
+        env["DG_LSP_CONFIG"] = str(tmp_path / "config.toml")
+    # The editor turns it off: narrowing is always allowed.
+    options = {"dgLsp": {"model": str(remote_code_model), "trustRemoteCode": False, **FAST}}
+    with raw_server(tmp_path / "server.log", options, args=args, env=env) as server:
+        assert server.load_results() == ["ready"]
+        assert not marker.exists()
+        server.notify("workspace/didChangeConfiguration", {"settings": {"trustRemoteCode": True}})
+        assert server.wait_loaded(count=2) == "ready"
+        assert marker.read_text() == "remote code ran"
+        assert server.messages() == []
+        assert server.shutdown() == 0
+
+
+def test_a_remote_engine_named_on_the_command_line_is_allowed(tmp_path):
+    trap = socket.socket()
+    trap.bind(("127.0.0.1", 0))
+    trap.listen(4)
+    trap.settimeout(60)
+    url = f"http://127.0.0.1:{trap.getsockname()[1]}"
+    args = ["--model", f"remote:{url}"]
+    with raw_server(
+        tmp_path / "server.log", {}, args=args, env=_no_opt_in(tmp_path), wait_loaded=False
+    ) as server:
+        connection, _ = trap.accept()  # the server asks the engine to describe itself
+        connection.close()
+        assert "not reachable" in server.wait_loaded()
+        assert server.shutdown() == 0
     trap.close()
 
 
