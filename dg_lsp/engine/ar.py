@@ -6,11 +6,14 @@ request restores its longest common token prefix and prefills only the rest (exa
 
 from __future__ import annotations
 
+import inspect
+import json
 import time
 from pathlib import Path
 
 import torch
 
+from dg_lsp.engine import layouts
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
@@ -48,21 +51,36 @@ class AutoregressiveEngine(LocalEngine):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head"])
             kwargs["device_map"] = str(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
+        raw = json.loads((self.model_dir / "config.json").read_text())
+        self.layout = layouts.layout_of(raw)
+        if self.layout in layouts.PACKED_LAYOUTS:
+            self.model = layouts.load_packed_model(self.model_dir, layouts.packed_dtype(self.device))
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"
-        eos = {tokens.EOS_ID, tokens.PAD_ID}
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(int(self.tokenizer.eos_token_id))
+        # dg-lsp's own tokenizer fixes its stop ids; other tokenizers (and chat-tuned bases) name theirs
+        eos = {tokens.EOS_ID, tokens.PAD_ID} if self.layout == "native" else set()
+        for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, raw.get("eos_token_id")):
+            if isinstance(t, int):
+                eos.add(int(t))
+        if self.layout != "native":
+            vocab = self.tokenizer.get_vocab()
+            eos |= {vocab[t] for t in ("<|endoftext|>", "<|im_end|>") if t in vocab}
         self.stop_ids = eos
         self.min_tokens = min_tokens
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
+        # only the last position's logits are read: skip the output head for the rest of the prompt
+        sliceable = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._last = {"logits_to_keep": 1} if sliceable else {}
 
     def warmup(self) -> None:
+        self.newline_ids()  # per-model tables, built here rather than on the first keystroke
+        self.blank_start_ids()
         self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=4))
         self.reset_caches()
 
@@ -73,7 +91,11 @@ class AutoregressiveEngine(LocalEngine):
     def prompt_ids(self, request: InfillRequest) -> list[int]:
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
         suf = self.tokenizer.encode(request.suffix, add_special_tokens=False)
+        if self.layout == "prefix":  # a base with no FIM tokens sees only what comes before the cursor
+            return budget_prompt(pre, [], self.max_prompt_tokens)[0] or [int(next(iter(self.stop_ids)))]
         pre, suf = budget_prompt(pre, suf, self.max_prompt_tokens)
+        if self.layout == "spm":
+            return layouts.spm_ids(self.tokenizer, pre, suf)
         return tokens.fim_prompt_ids(pre, suf)
 
     def _prefill(self, ids: list[int], doc_key: str | None, stats: InfillStats):
@@ -82,7 +104,8 @@ class AutoregressiveEngine(LocalEngine):
         cache = restore(self.model.config, previous, keep)
         inp = torch.tensor([ids[keep:]], device=self.device)
         pos = torch.arange(keep, len(ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=inp, position_ids=pos, use_cache=True, **{self.cache_arg: cache})
+        kw = {self.cache_arg: cache, **self._last}
+        out = self.model(input_ids=inp, position_ids=pos, use_cache=True, **kw)
         stats.reused_prompt_tokens = keep
         stats.encoder_passes += 1
         if self.use_prompt_cache and doc_key is not None:
@@ -119,7 +142,8 @@ class AutoregressiveEngine(LocalEngine):
                     break
                 check()
                 step = torch.tensor([[tok]], device=self.device)
-                out = self.model(input_ids=step, **{self.cache_arg: cache})  # the DynamicCache grows in place
+                # the DynamicCache grows in place
+                out = self.model(input_ids=step, **{self.cache_arg: cache}, **self._last)
                 stats.forward_passes += 1
                 logits = out.logits[:, -1, :]
         stats.generated_tokens = len(new)

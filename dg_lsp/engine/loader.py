@@ -110,6 +110,9 @@ def resolve_model_dir(model: str) -> Path:
 
 def detect_backend(config: dict) -> str:
     """Backend from a checkpoint's config.json: its `architectures` (then `model_type`) decide."""
+    layout = config.get("dg_lsp_layout")
+    if layout in ("block", "spm", "prefix"):  # dg-lsp's packed models (see dg_lsp/engine/layouts.py)
+        return "masked" if layout == "block" else "ar"
     archs = [str(a) for a in config.get("architectures") or []]
     model_type = str(config.get("model_type", "")).lower()
     names = [a.lower() for a in archs] + [model_type]

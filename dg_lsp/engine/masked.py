@@ -18,6 +18,7 @@ well (the kept prefix KV saw the old tail); `use_prompt_cache=False` turns it of
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dg_lsp.engine import sampler
+from dg_lsp.engine import layouts, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
@@ -122,6 +123,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.cfg = sampler or MaskedSamplerConfig()
         self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else detect_logits_shift(raw)
         self.quantization = quant.resolve_kind(quantization, self.device)
+        self.layout = layouts.layout_of(raw)
         kwargs: dict[str, Any] = {
             "trust_remote_code": trust_remote_code,
             "dtype": quant.default_dtype(self.device),
@@ -136,7 +138,10 @@ class MaskedDiffusionEngine(LocalEngine):
             loader = AutoModelForMaskedLM
         elif any(a.endswith("ForCausalLM") for a in archs):  # a decoder class run bidirectionally
             loader = AutoModelForCausalLM
-        self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
+        if self.layout in layouts.PACKED_LAYOUTS:
+            self.model = layouts.load_packed_model(self.model_dir, layouts.packed_dtype(self.device))
+        else:
+            self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
@@ -156,9 +161,12 @@ class MaskedDiffusionEngine(LocalEngine):
             self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.mask_id
         )
         self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
+        if self.layout == "block":
+            self.bos = []
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.cache_arg = cache_kwarg(self.model.forward)
         self.supports_kv = self.cache_arg is not None
+        self.slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
         self.ms_per_step: float | None = None
@@ -175,6 +183,8 @@ class MaskedDiffusionEngine(LocalEngine):
         }
 
     def warmup(self) -> None:
+        self.newline_ids()  # per-model tables, built here rather than on the first keystroke
+        self.blank_start_ids()
         self.infill(InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=8))
         self.reset_caches()
 
@@ -183,12 +193,25 @@ class MaskedDiffusionEngine(LocalEngine):
         self.prompt_cache.clear()
 
     def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
-        """Token ids `[bos] prefix [MASK]*length suffix` and the index of the first mask."""
+        """Token ids `[bos] prefix [MASK]*length suffix` (block layout: the SPM prompt, then the masks) and
+        the index of the first mask."""
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
         suf = self.tokenizer.encode(request.suffix, add_special_tokens=False)
         pre, suf = budget_prompt(pre, suf, max(8, self.max_prompt_tokens - length))
+        if self.layout == "block":
+            head = layouts.spm_ids(self.tokenizer, pre, suf)
+            return head + [self.mask_id] * length, len(head)
         head = self.bos + pre
         return head + [self.mask_id] * length + suf, len(head)
+
+    def _keep(self, first: int, length: int, total: int) -> dict[str, Any]:
+        """`logits_to_keep` for positions first..first+length-1 of a `total`-long chunk: the output head
+        is a large share of a pass, and only canvas logits are read."""
+        if not self.slices_logits or (first == 0 and length == total):
+            return {}
+        if first + length == total:
+            return {"logits_to_keep": length}
+        return {"logits_to_keep": torch.arange(first, first + length, device=self.device)}
 
     def _canvas_logits(
         self,
@@ -211,7 +234,9 @@ class MaskedDiffusionEngine(LocalEngine):
             for layer, (k, v) in zip(cache.layers, ctx, strict=True):
                 layer.update(k, v)
             pos = torch.arange(lo, hi, device=self.device).unsqueeze(0)
-            logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **{self.cache_arg: cache}).logits
+            keep = self._keep(0, length, hi - lo)
+            kw = {self.cache_arg: cache, **keep}
+            logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **kw).logits
             return logits[:, :length], ctx
         if dual:
             try:
@@ -219,7 +244,13 @@ class MaskedDiffusionEngine(LocalEngine):
                 keep = min(keep, lo) if snap is not None else 0
                 cache = restore(self.model.config, snap, keep, batch=x.shape[0])
                 pos = torch.arange(keep, x.shape[1], device=self.device).unsqueeze(0)
-                logits = self.model(input_ids=x[:, keep:], position_ids=pos, **{self.cache_arg: cache}).logits
+                first = lo - keep
+                sliced = self._keep(first, length, x.shape[1] - keep)
+                logits = self.model(
+                    input_ids=x[:, keep:], position_ids=pos, **{self.cache_arg: cache}, **sliced
+                ).logits
+                if sliced:
+                    first = 0
                 self._last_full = cache
                 ctx = [
                     (
@@ -228,12 +259,13 @@ class MaskedDiffusionEngine(LocalEngine):
                     )
                     for la in cache.layers
                 ]
-                return logits[:, lo - keep : lo - keep + length], ctx
+                return logits[:, first : first + length], ctx
             except Exception as exc:  # remote code with its own cache format: fall back for good
                 log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
                 self.supports_kv = False
-        logits = self.model(input_ids=x).logits
-        return logits[:, lo : lo + length], None
+        sliced = self._keep(lo, length, x.shape[1])
+        logits = self.model(input_ids=x, **sliced).logits
+        return (logits[:, :length] if sliced else logits[:, lo : lo + length]), None
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         cfg = self.cfg

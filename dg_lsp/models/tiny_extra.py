@@ -113,3 +113,37 @@ def make_tiny_bidirectional_lm(path: str | Path, seed: int = 0) -> Path:
     Gemma3ForCausalLM(config).eval().save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def make_tiny_packed_base(path: str | Path, seed: int = 0) -> Path:
+    """A 2-layer random Llama in the embedded model's packed format (`base.safetensors`, Q4_1/Q8_0 blocks)
+    with our tiny tokenizer: the base `dg-lsp train` adapts when a config's `base` names a directory."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dg_lsp.models.packed import pack_state_dict
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer([_SAMPLE_CODE] * 4)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    }
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**config))
+    pack_state_dict(config, model.state_dict(), path / "base.safetensors")
+    tokenizer.save_pretrained(path)
+    return path

