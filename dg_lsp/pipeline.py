@@ -34,8 +34,11 @@ def plan(
     settings: Settings,
     end_offset: int | None = None,
     doc_key: str | None = None,
+    invoked: bool = True,
 ) -> tuple[context.InfillContext, InfillRequest]:
-    """Pure: derive the model request from the document, cursor and settings."""
+    """Pure: derive the model request from the document, cursor and settings. `invoked`: the user asked
+    (code action, invoked completion, `dg-lsp complete`) and waits for it, so the latency budget, which
+    is there to keep ghost text up with typing, does not cut its steps."""
     ctx = context.build_context(
         snapshot,
         offset,
@@ -54,7 +57,7 @@ def plan(
         steps=settings.denoising_steps or None,
         seed=settings.seed,
         doc_key=doc_key,
-        deadline_ms=float(settings.latency_budget_ms) if settings.latency_budget_ms else None,
+        deadline_ms=float(settings.latency_budget_ms) if settings.latency_budget_ms and not invoked else None,
     )
     return ctx, request
 
@@ -67,8 +70,9 @@ def complete(
     end_offset: int | None = None,
     should_cancel: ShouldCancel | None = None,
     doc_key: str | None = None,
+    invoked: bool = True,
 ) -> Completion:
-    ctx, request = plan(snapshot, offset, settings, end_offset, doc_key)
+    ctx, request = plan(snapshot, offset, settings, end_offset, doc_key, invoked)
     span_end = offset if end_offset is None else end_offset
     out = Completion(start=offset, end=span_end, span_kind=ctx.span.name)
     if not ctx.span.enabled:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import layouts, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
@@ -46,7 +47,19 @@ class MaskedSamplerConfig:
     confidence: str = "max_prob"
     """`max_prob`, `margin` (top-1 minus top-2) or `entropy`."""
     threshold: float | None = 0.9
-    """Commit every position at least this confident; None = pure schedule (quota only)."""
+    """Commit every position at least this confident; None = pure schedule (quota only). The `threshold`
+    commit rule's parameter when `commit` names it without one."""
+    commit: tuple[str, ...] | None = None
+    """Parallel commit rules (`dg_lsp/engine/commit.py`), e.g. `("factor:1.0",)` or `("threshold",
+    "prophet:0.6")`: each step commits the union of their picks and the schedule's quota. None = the
+    `threshold` rule alone (or nothing beyond the quota when `threshold` is None)."""
+    stops_in_quota: bool = True
+    """Count masks that predict a stop in the per-step quota. They cannot commit away from the frontier,
+    so leaving them out made a natural-stop span commit one token per pass (a canvas of 16 for a 9-token
+    line: 9 passes); counting them spends the schedule on the positions that can commit."""
+    min_capped_steps: int = 2
+    """When the latency budget caps the steps of an automatic request, never below this: one pass over a
+    fully masked canvas is a guess, not a completion. Invoked requests are never capped."""
     temperature: float = 0.7
     """Gumbel temperature for extra candidates; the first candidate is always greedy."""
     buckets: tuple[int, ...] = (8, 16, 32, 64, 128)
@@ -82,6 +95,10 @@ class MaskedSamplerConfig:
         kwargs = {k: v for k, v in opts.items() if k in known}
         if "buckets" in kwargs:
             kwargs["buckets"] = tuple(int(b) for b in kwargs["buckets"])
+        if kwargs.get("commit") is not None:
+            raw_rules = kwargs["commit"]
+            kwargs["commit"] = tuple([raw_rules] if isinstance(raw_rules, str) else raw_rules)
+            commit_rules.parse_rules(kwargs["commit"])  # a clear error for a bad rule, at load
         if steps and "steps" not in kwargs:
             kwargs["steps"] = int(steps)
         cfg = cls(**kwargs)
@@ -173,9 +190,20 @@ class MaskedDiffusionEngine(LocalEngine):
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
 
+    def rule_specs(self) -> list[tuple[str, float]]:
+        cfg = self.cfg
+        if cfg.commit is None:
+            return [] if cfg.threshold is None else [("threshold", float(cfg.threshold))]
+        specs = commit_rules.parse_rules(cfg.commit)
+        bare = {s for s in cfg.commit if ":" not in str(s)}  # "threshold" alone reads `threshold`
+        own = cfg.threshold is not None and "threshold" in bare
+        return [(n, float(cfg.threshold)) if n == "threshold" and own else (n, v) for n, v in specs]
+
     def describe(self) -> dict[str, str]:
         return {
             **super().describe(),
+            "commit": ",".join(f"{n}:{v:g}" for n, v in self.rule_specs()) or "quota only",
+            "layout": self.layout,
             "logits_shift": str(self.shift),
             "confidence": self.cfg.confidence,
             "threshold": str(self.cfg.threshold),
@@ -276,10 +304,12 @@ class MaskedDiffusionEngine(LocalEngine):
         steps = min(max(1, request.steps or cfg.steps), length)
         block = cfg.block_length if cfg.block_length and cfg.block_length < length else None
         if request.deadline_ms is not None and self.ms_per_step:
-            steps = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
+            capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
+            steps = max(capped, min(steps, cfg.min_capped_steps))
         if block:
             steps = max(steps, -(-length // block))  # at least one pass per block
         stats.step_cap = steps
+        rules = commit_rules.build(self.rule_specs())  # from cfg per request: settings may change it
         gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
         x = torch.tensor([ids] * batch, device=self.device)
         span = slice(start, start + length)
@@ -332,8 +362,12 @@ class MaskedDiffusionEngine(LocalEngine):
                 if block:
                     active = active & sampler.block_window(masked, block)
                     steps_left = max(1, steps_left // sampler.blocks_left(masked, block))
-                need = sampler.quota(int(active.sum(dim=-1).max()), steps_left)
-                commit = sampler.select_commits(conf, active, need, cfg.threshold)
+                pool = masked if cfg.stops_in_quota else active
+                if block:
+                    pool = pool & sampler.block_window(masked, block)
+                need = sampler.quota(int(pool.sum(dim=-1).max()), steps_left)
+                at_quota = sampler.select_commits(conf, active, need, None)
+                commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)
                 canvas = x[:, span]
                 canvas[commit] = pred[commit]
                 picked = logp.gather(-1, pred[..., None]).squeeze(-1)

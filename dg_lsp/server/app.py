@@ -315,9 +315,18 @@ class DgLanguageServer(LanguageServer):
     # -- the shared request path -----------------------------------------------------------------
 
     async def infill(
-        self, uri: str, start: int, end: int | None, version: int, key: str, debounce: bool
+        self,
+        uri: str,
+        start: int,
+        end: int | None,
+        version: int,
+        key: str,
+        debounce: bool,
+        invoked: bool | None = None,
     ) -> pipeline.Completion | None:
-        """Run the pipeline on the worker; None means 'answer empty' (stale, superseded, not ready)."""
+        """Run the pipeline on the worker; None means 'answer empty' (stale, superseded, not ready).
+        `invoked` (default: not debounced): the user asked and waits, so the budget does not cut steps."""
+        invoked = not debounce if invoked is None else invoked
         if debounce and self.settings.debounce_ms:
             await asyncio.sleep(self.settings.debounce_ms / 1000)
             if self.docs.version(uri) != version:
@@ -330,7 +339,7 @@ class DgLanguageServer(LanguageServer):
             job = self.worker.submit(
                 key,
                 lambda engine, should_cancel: pipeline.complete(
-                    engine, snapshot, start, settings, end, should_cancel, doc_key=uri
+                    engine, snapshot, start, settings, end, should_cancel, doc_key=uri, invoked=invoked
                 ),
             )
         except NotReady as exc:
@@ -474,7 +483,9 @@ def create_server(settings: Settings | None = None, policy: LocalPolicy | None =
         if offset is None:
             return empty
         version = ls.docs.version(uri)
-        result = await ls.infill(uri, offset, None, version, uri, debounce=False)
+        ctx = params.context
+        invoked = ctx is None or ctx.trigger_kind == types.CompletionTriggerKind.Invoked
+        result = await ls.infill(uri, offset, None, version, uri, debounce=False, invoked=invoked)
         if result is None or not result.texts:
             return empty
         cursor = types.Range(start=params.position, end=params.position)

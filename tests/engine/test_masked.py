@@ -138,12 +138,12 @@ def collapsing_model(engine, request, length, word):
     return engine.model.register_forward_hook(hook, with_kwargs=True)
 
 
-def infill_shaped(engine, shape, request, word, **sampler):
+def infill_shaped(engine, shape, request, word, length=8, **sampler):
     """Infill through a model whose beliefs `shape` sets, under these sampler settings, caches off."""
     engine.use_continuation_cache = False
     saved = engine.cfg
     engine.cfg = dataclasses.replace(saved, dual_cache=False, **sampler)
-    handle = shape(engine, request, 8, word)
+    handle = shape(engine, request, length, word)
     try:
         return engine.infill(request)
     finally:
@@ -337,3 +337,51 @@ def test_document_kv_reuse(tiny_bidirectional_dir):
     assert 0 < typed.stats.reused_prompt_tokens < start + 3
     engine.reset_caches()
     assert engine.infill(request).stats.reused_prompt_tokens == 0
+
+
+def short_line_model(engine, request, length, word):
+    """A natural stop after four tokens: `word` (unsure) at the first four positions, EOS (sure) after."""
+    _ids, start = engine.canvas(request, length)
+    eos = engine.tokenizer.eos_token_id
+
+    def hook(_module, _args, _kwargs, out):
+        logits = out.logits
+        logits[:, start : start + length] = -10.0
+        logits[:, start : start + 4, word] = 1.0
+        logits[:, start + 4 : start + length, eos] = 10.0
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("stops_in_quota", [True, False])
+def test_masks_that_predict_a_stop_count_in_the_quota(masked_engine, stops_in_quota):
+    """Left out of the quota, the 12 stop-predicting masks made the 4 words commit one per pass (5 passes,
+    the last commits the EOS that ends the span); counted, 16 masks over 8 steps commit 2 per pass (3
+    passes), the same text."""
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=8)
+    result = infill_shaped(
+        masked_engine, short_line_model, req, word, length=16, stops_in_quota=stops_in_quota, threshold=None
+    )
+    assert result.candidates[0].token_ids == [word] * 4
+    assert masked_engine.last_commits == ([2, 2, 1] if stops_in_quota else [1, 1, 1, 1, 1])
+
+
+def test_a_tight_budget_never_cuts_an_automatic_request_below_two_steps_nor_an_invoked_one_at_all(
+    masked_engine,
+):
+    from dg_lsp import context, pipeline
+
+    settings = Settings(latency_budget_ms=1, denoising_steps=8)
+    snap = context.parse_snapshot(PREFIX + SUFFIX, "python")
+    _, automatic = pipeline.plan(snap, len(PREFIX), settings, invoked=False)
+    _, invoked = pipeline.plan(snap, len(PREFIX), settings, invoked=True)
+    assert automatic.deadline_ms == 1.0 and invoked.deadline_ms is None
+    masked_engine.use_continuation_cache = False
+    masked_engine.ms_per_step = 1000.0  # one step costs more than the whole budget
+    capped = masked_engine.infill(dataclasses.replace(automatic, steps=8, max_tokens=8))
+    assert capped.stats.step_cap == 2
+    masked_engine.ms_per_step = 1000.0
+    full = masked_engine.infill(dataclasses.replace(invoked, steps=8, max_tokens=8))
+    assert full.stats.step_cap == 8

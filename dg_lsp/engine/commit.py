@@ -1,0 +1,121 @@
+"""Parallel commit rules for masked diffusion: which still-masked positions to decide at this step.
+
+Each rule is a small pure function of one step's beliefs (`StepView`) returning the positions it would
+commit; the sampler commits the union of the configured rules and the schedule's quota (the minimum that
+still finishes the canvas in the remaining steps). Rules from the literature:
+
+- `threshold`: every position whose top-1 probability is at least `threshold` (Fast-dLLM, threshold rule);
+- `factor`: the n most confident positions, for the largest n with (n + 1)(1 - c_n) < f, c_n the n-th
+  highest top-1 probability (Fast-dLLM's factor rule: the more tokens at once, the surer each must be);
+- `entropy`: the lowest-entropy positions while sum(H) - max(H) <= bound (EB-sampler; DiffusionGemma's
+  own sampler bounds entropy the same way): the accepted tokens' joint error stays bounded;
+- `prophet`: once every eligible position's top-1 leads its top-2 by at least `gap` in probability,
+  commit them all (Prophet, "diffusion LMs know the answer before decoding": early commit).
+
+Rules only choose among `eligible` positions (the sampler decides those: masked, inside the block, stops
+only at the frontier), so stop handling and block decoding stay in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class StepView:
+    probs_top2: torch.Tensor  # (B, L, 2) the two largest probabilities per position
+    entropy: torch.Tensor  # (B, L) token entropy (nats)
+    eligible: torch.Tensor  # (B, L) bool: positions a rule may commit now
+
+    @property
+    def top1(self) -> torch.Tensor:
+        return self.probs_top2[..., 0]
+
+
+Rule = Callable[[StepView], torch.Tensor]
+
+
+def threshold_rule(threshold: float) -> Rule:
+    def rule(v: StepView) -> torch.Tensor:
+        return v.eligible & (v.top1 >= threshold)
+
+    return rule
+
+
+def factor_rule(factor: float) -> Rule:
+    def rule(v: StepView) -> torch.Tensor:
+        conf = v.top1.masked_fill(~v.eligible, -1.0)
+        sorted_c, order = conf.sort(dim=-1, descending=True)
+        n = torch.arange(1, conf.shape[-1] + 1, device=conf.device)[None, :]
+        ok = ((n + 1) * (1 - sorted_c) < factor) & (sorted_c >= 0)
+        # the largest n whose condition holds: accept the n most confident (a prefix of the sorted order)
+        count = torch.where(ok, n, 0).amax(dim=-1, keepdim=True)
+        take = n <= count
+        return torch.zeros_like(v.eligible).scatter(-1, order, take) & v.eligible
+
+    return rule
+
+
+def entropy_rule(bound: float) -> Rule:
+    def rule(v: StepView) -> torch.Tensor:
+        h = v.entropy.masked_fill(~v.eligible, float("inf"))
+        sorted_h, order = h.sort(dim=-1)
+        finite = torch.isfinite(sorted_h)
+        csum = torch.where(finite, sorted_h, 0.0).cumsum(dim=-1)
+        keep = finite & (csum - torch.where(finite, sorted_h, 0.0) <= bound)
+        return torch.zeros_like(v.eligible).scatter(-1, order, keep) & v.eligible
+
+    return rule
+
+
+def prophet_rule(gap: float) -> Rule:
+    def rule(v: StepView) -> torch.Tensor:
+        lead = v.probs_top2[..., 0] - v.probs_top2[..., 1]
+        sure = (lead >= gap) | ~v.eligible
+        return v.eligible & sure.all(dim=-1, keepdim=True)
+
+    return rule
+
+
+RULES = {"threshold": threshold_rule, "factor": factor_rule, "entropy": entropy_rule, "prophet": prophet_rule}
+DEFAULT_PARAMS = {"threshold": 0.9, "factor": 1.0, "entropy": 0.5, "prophet": 0.5}
+
+
+def parse_rules(specs: Sequence[str] | str | None) -> list[tuple[str, float]]:
+    """`["factor", "threshold:0.8"]` or `"factor:1.5,prophet"` -> [(name, parameter)]; raises ValueError
+    naming the bad entry."""
+    if specs is None:
+        return []
+    if isinstance(specs, str):
+        specs = [s for s in specs.split(",") if s.strip()]
+    out = []
+    for spec in specs:
+        name, _, raw = str(spec).strip().partition(":")
+        if name not in RULES:
+            raise ValueError(f"unknown commit rule {name!r}; expected one of {sorted(RULES)}")
+        value = float(raw) if raw else DEFAULT_PARAMS[name]
+        if not (value == value and abs(value) != float("inf")) or value < 0:
+            raise ValueError(f"commit rule {name}: parameter must be a finite number >= 0, got {raw!r}")
+        out.append((name, value))
+    return out
+
+
+def build(rules: Sequence[tuple[str, float]]) -> list[Rule]:
+    return [RULES[name](value) for name, value in rules]
+
+
+def view(logits: torch.Tensor, eligible: torch.Tensor) -> StepView:
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    p = logp.exp()
+    return StepView(p.topk(2, dim=-1).values, -(p * logp).sum(dim=-1), eligible)
+
+
+def select(v: StepView, rules: Sequence[Rule], quota_mask: torch.Tensor) -> torch.Tensor:
+    """The union of the quota's positions and every rule's."""
+    chosen = quota_mask & v.eligible
+    for rule in rules:
+        chosen = chosen | rule(v)
+    return chosen

@@ -1,0 +1,70 @@
+"""Parallel commit rules on hand-built beliefs, and the masked sampler using them on a real tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dg_lsp.engine import commit
+
+
+def _view(top1: list[float], top2: list[float] | None = None, ent: list[float] | None = None, eligible=None):
+    t1 = torch.tensor([top1])
+    t2 = torch.tensor([top2]) if top2 is not None else (1 - t1) / 2
+    h = torch.tensor([ent]) if ent is not None else -(t1 * t1.log())
+    el = torch.tensor([eligible]) if eligible is not None else torch.ones_like(t1, dtype=torch.bool)
+    return commit.StepView(torch.stack([t1, t2], dim=-1), h, el)
+
+
+def test_threshold_commits_every_eligible_position_above_it():
+    v = _view([0.95, 0.5, 0.91, 0.99], eligible=[True, True, True, False])
+    assert commit.threshold_rule(0.9)(v).tolist() == [[True, False, True, False]]
+
+
+def test_factor_rule_takes_the_largest_n_with_n_plus_one_times_error_below_f():
+    # sorted confidences 0.99, 0.8, 0.7, 0.2: n=1: 2*0.01=0.02<1; n=2: 3*0.2=0.6<1; n=3: 4*0.3=1.2; n=4: 5*0.8
+    v = _view([0.7, 0.99, 0.2, 0.8])
+    assert commit.factor_rule(1.0)(v).tolist() == [[False, True, False, True]]
+    # a looser factor admits the third; nothing passes when even the surest fails
+    assert commit.factor_rule(1.5)(v).tolist() == [[True, True, False, True]]
+    assert not commit.factor_rule(0.01)(_view([0.5, 0.4])).any()
+
+
+def test_entropy_rule_bounds_the_sum_of_all_but_the_largest_entropy():
+    v = _view([0.5] * 4, ent=[0.1, 0.3, 0.05, 2.0], eligible=[True, True, True, True])
+    # sorted 0.05, 0.1, 0.3, 2.0: cumulative minus current = 0, 0.05, 0.15, 0.45
+    assert commit.entropy_rule(0.1)(v).tolist() == [[True, False, True, False]]
+    assert commit.entropy_rule(0.2)(v).tolist() == [[True, True, True, False]]
+    assert commit.entropy_rule(1.0)(v).all()
+
+
+def test_prophet_commits_everything_once_every_position_leads_by_the_gap():
+    sure = _view([0.9, 0.8], top2=[0.05, 0.1])
+    assert commit.prophet_rule(0.6)(sure).all()
+    unsure = _view([0.9, 0.5], top2=[0.05, 0.4])
+    assert not commit.prophet_rule(0.6)(unsure).any()
+
+
+def test_rules_parse_with_defaults_and_reject_bad_entries():
+    assert commit.parse_rules("factor,threshold:0.8") == [("factor", 1.0), ("threshold", 0.8)]
+    with pytest.raises(ValueError, match="unknown commit rule 'fast'"):
+        commit.parse_rules(["fast"])
+    with pytest.raises(ValueError, match="finite"):
+        commit.parse_rules(["factor:inf"])
+
+
+def test_select_is_the_union_of_the_quota_and_the_rules():
+    v = _view([0.95, 0.2, 0.3], eligible=[True, True, False])
+    quota = torch.tensor([[False, True, True]])
+    chosen = commit.select(v, commit.build([("threshold", 0.9)]), quota)
+    assert chosen.tolist() == [[True, True, False]]  # never an ineligible position
+
+
+def test_masked_engine_reports_its_commit_rules(tiny_masked_dir):
+    from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+
+    engine = MaskedDiffusionEngine(tiny_masked_dir, sampler=MaskedSamplerConfig.from_options(
+        {"masked": {"commit": ["factor:1.5", "threshold"], "threshold": 0.8}}))
+    assert engine.describe()["commit"] == "factor:1.5,threshold:0.8"
+    with pytest.raises(ValueError, match="unknown commit rule"):
+        MaskedSamplerConfig.from_options({"masked": {"commit": "nope"}})
