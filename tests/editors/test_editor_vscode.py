@@ -89,3 +89,27 @@ def test_packages_to_vsix() -> None:
     assert "textDocument/inlineCompletion" in bundle
     assert "window/workDoneProgress/create" in bundle
     assert 'require("vscode")' in bundle
+
+
+E2E_RESULTS = VSCODE / "e2e" / "results"
+
+
+def test_latest_real_vscode_run_passed() -> None:
+    """The committed record of editors/vscode/e2e/run.mjs (real VS Code through code-server): `.ci/run`
+    reruns it; this keeps a failing or half-written record from being committed."""
+    record = json.loads((E2E_RESULTS / "last-run.json").read_text(encoding="utf-8"))
+    assert record["passed"], record.get("error") or record["checks"]
+    assert all(check["ok"] for check in record["checks"].values())
+    assert "Code 1.100" in record["versions"]["codeServer"]
+    inserted = record["accepted"]["inserted"]
+    assert inserted and inserted.strip() == record["ghost"]["text"].strip()
+    for png in ("ghost-text.png", "accepted.png", "missing-server.png"):
+        assert (E2E_RESULTS / png).read_bytes()[:4] == b"\x89PNG", png
+
+
+def test_word_suggestions_do_not_cover_ghost_text_by_default() -> None:
+    """VS Code hides ghost text under an open suggest widget; word suggestions open it on every word
+    typed, so the extension turns them off (language-scoped) where dg-lsp serves."""
+    defaults = PACKAGE["contributes"]["configurationDefaults"]
+    (languages, values), *_ = defaults.items()
+    assert "[python]" in languages and values["editor.wordBasedSuggestions"] == "off"

@@ -6,7 +6,9 @@
 import * as vscode from 'vscode';
 import {
     ClientCapabilities,
+    CloseAction,
     DidChangeConfigurationNotification,
+    ErrorHandler,
     FeatureState,
     LanguageClient,
     LanguageClientOptions,
@@ -18,8 +20,9 @@ import {
     WorkDoneProgressCreateRequest,
 } from 'vscode-languageclient/node';
 
+import { extendSelection } from './inline';
 import { ProgressBoard, ProgressValue, ServerState } from './progress';
-import { ConfigReader, RESTART_KEYS, serverCommand, serverPayload } from './settings';
+import { ConfigReader, describeStartFailure, RESTART_KEYS, serverCommand, serverPayload } from './settings';
 
 const SECTION = 'dgLsp';
 
@@ -140,16 +143,77 @@ function inlineEnabled(): boolean {
     return vscode.workspace.getConfiguration(SECTION).get<boolean>('inlineCompletion.enabled', true);
 }
 
+/**
+ * The client's default restart policy, plus a status-bar "crashed" once it gives up: otherwise the
+ * only trace of a server that keeps dying is a toast the user may have dismissed.
+ */
+class ReportingErrorHandler implements ErrorHandler {
+    private fallback?: ErrorHandler;
+
+    constructor(private readonly lc: () => LanguageClient | undefined) {}
+
+    private get inner(): ErrorHandler {
+        this.fallback ??= this.lc()!.createDefaultErrorHandler();
+        return this.fallback;
+    }
+
+    error(...args: Parameters<ErrorHandler['error']>): ReturnType<ErrorHandler['error']> {
+        return this.inner.error(...args);
+    }
+
+    async closed(): Promise<Awaited<ReturnType<ErrorHandler['closed']>>> {
+        const result = await this.inner.closed();
+        if (result.action === CloseAction.DoNotRestart) {
+            board.fail({ label: 'crashed', detail: result.message ?? 'dg-lsp: the server exited and was not restarted' });
+            renderStatus();
+        }
+        return result;
+    }
+}
+
 function createClient(): LanguageClient {
     const { command, args } = serverCommand((key) => vscode.workspace.getConfiguration(SECTION).get(key));
+    // TransportKind.stdio makes the client append `--stdio`, which dg-lsp accepts.
     const serverOptions: ServerOptions = { command, args, transport: TransportKind.stdio };
+    let lc: LanguageClient | undefined;
     const clientOptions: LanguageClientOptions = {
         documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
         initializationOptions: payload(),
         outputChannel: output,
+        errorHandler: new ReportingErrorHandler(() => lc),
         middleware: {
-            provideInlineCompletionItems: (document, position, context, token, next) =>
-                inlineEnabled() ? next(document, position, context, token) : undefined,
+            provideInlineCompletionItems: async (document, position, context, token, next) => {
+                if (!inlineEnabled()) {
+                    return undefined;
+                }
+                const selected = context.selectedCompletionInfo;
+                if (selected === undefined) {
+                    return next(document, position, context, token);
+                }
+                // The server infills the document as it is: ask without the selection, then keep what
+                // extends the selected suggestion (src/inline.ts).
+                const result = await next(document, position, { ...context, selectedCompletionInfo: undefined }, token);
+                const items = result === undefined || result === null ? [] : Array.isArray(result) ? result : result.items;
+                const start = selected.range.start;
+                const out: vscode.InlineCompletionItem[] = [];
+                for (const item of items) {
+                    const from = item.range?.start ?? position;
+                    const to = item.range?.end ?? position;
+                    if (typeof item.insertText !== 'string' || from.isBefore(start)) {
+                        continue;
+                    }
+                    const text = extendSelection(
+                        document.getText(new vscode.Range(start, from)),
+                        item.insertText,
+                        selected.text,
+                    );
+                    if (text !== undefined) {
+                        const end = to.isAfter(selected.range.end) ? to : selected.range.end;
+                        out.push(new vscode.InlineCompletionItem(text, new vscode.Range(start, end), item.command));
+                    }
+                }
+                return out;
+            },
             // Ghost text already shows the same infill; the suggest-widget copy is opt-in.
             provideCompletionItem: (document, position, context, token, next) =>
                 completionFallbackEnabled() ? next(document, position, context, token) : undefined,
@@ -164,7 +228,7 @@ function createClient(): LanguageClient {
             },
         },
     };
-    const lc = new LanguageClient('dgLsp', 'dg-lsp', serverOptions, clientOptions);
+    lc = new LanguageClient('dgLsp', 'dg-lsp', serverOptions, clientOptions);
     lc.registerFeature(new LoadingProgressFeature(lc));
     lc.onDidChangeState(({ newState }) => {
         serverState = newState === State.Running ? 'running' : newState === State.Starting ? 'starting' : 'stopped';
@@ -177,14 +241,23 @@ function createClient(): LanguageClient {
 }
 
 async function startClient(): Promise<void> {
+    board.reset();
+    renderStatus();
     client = createClient();
     try {
         await client.start();
     } catch (err) {
-        const message = err instanceof Error ? err.message : String(err);
-        void vscode.window.showErrorMessage(
-            `dg-lsp failed to start (${message}). Install it with \`pip install dg-lsp\` or set dgLsp.server.path.`,
-        );
+        const { command } = serverCommand((key) => vscode.workspace.getConfiguration(SECTION).get(key));
+        const failure = describeStartFailure(command, err instanceof Error ? err.message : String(err));
+        board.fail({ label: failure.label, detail: failure.message });
+        renderStatus();
+        output?.error(failure.message);
+        const choice = await vscode.window.showErrorMessage(failure.message, 'Open Settings', 'Show Output');
+        if (choice === 'Open Settings') {
+            void vscode.commands.executeCommand('workbench.action.openSettings', 'dgLsp.server.path');
+        } else if (choice === 'Show Output') {
+            output?.show(true);
+        }
     }
 }
 

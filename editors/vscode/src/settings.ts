@@ -116,3 +116,41 @@ export function serverCommand(read: ConfigReader): ServerCommand {
 
 /** Settings whose change needs a new server process rather than a didChangeConfiguration. */
 export const RESTART_KEYS: readonly string[] = ['server.path', 'server.args'];
+
+/**
+ * Commands that install the server from a clone of the dg-lsp repository. dg-lsp is not on PyPI, so
+ * `pip install dg-lsp` fails; torch is pinned first so pip does not pull a multi-GB CUDA build.
+ */
+export const INSTALL_HINT =
+    'From a clone of the dg-lsp repository: `pip install torch==2.13.0 && pip install -e .` ' +
+    '(or `pipx install --preinstall torch==2.13.0 .`)';
+
+export interface StartFailure {
+    /** Short status-bar text. */
+    label: string;
+    /** The message shown to the user, naming a fix that works. */
+    message: string;
+}
+
+/** What to tell the user when the server process could not be started (`error` from the client). */
+export function describeStartFailure(command: string, error: string): StartFailure {
+    if (/ENOENT/.test(error)) {
+        return {
+            label: 'not found',
+            message:
+                `dg-lsp: the server command \`${command}\` was not found. ${INSTALL_HINT}, then run ` +
+                '"dg-lsp: Restart Server"; or set `dgLsp.server.path` to the `dg-lsp` executable or to a ' +
+                'Python that has dg_lsp installed.',
+        };
+    }
+    if (/EACCES/.test(error)) {
+        return {
+            label: 'not executable',
+            message: `dg-lsp: \`${command}\` is not executable (${error}). Check \`dgLsp.server.path\`.`,
+        };
+    }
+    return {
+        label: 'failed to start',
+        message: `dg-lsp: the server \`${command}\` failed to start (${error}). See the dg-lsp output; \`dg-lsp doctor\` says what is wrong.`,
+    };
+}

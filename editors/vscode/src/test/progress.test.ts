@@ -6,11 +6,12 @@ import { ProgressBoard } from '../progress';
 test('idle labels follow the server state', () => {
     const board = new ProgressBoard();
     assert.match(board.label('starting'), /starting/);
-    assert.equal(board.label('running'), '$(sparkle) dg-lsp');
-    assert.equal(board.label('stopped'), '$(circle-slash) dg-lsp');
+    // Running but no load reported yet: the model is not ready, so it must not read "ready".
+    assert.match(board.label('running'), /starting/);
+    assert.equal(board.label('stopped'), '$(circle-slash) dg-lsp: stopped');
 });
 
-test('a model load shows title, percentage and message until it ends', () => {
+test('a model load shows title, percentage and message, then ready', () => {
     const board = new ProgressBoard();
     board.update('t1', { kind: 'begin', title: 'dg-lsp: loading model' });
     assert.ok(board.busy);
@@ -19,10 +20,32 @@ test('a model load shows title, percentage and message until it ends', () => {
     assert.equal(board.label('running'), '$(loading~spin) dg-lsp: loading model 42% (weights)');
     board.update('t1', { kind: 'report', percentage: 80 });
     assert.equal(board.label('running'), '$(loading~spin) dg-lsp: loading model 80% (weights)');
-    board.update('t1', { kind: 'end', message: 'loaded tiny on cpu' });
-    assert.ok(!board.busy);
-    assert.equal(board.label('running'), '$(sparkle) dg-lsp');
-    assert.match(board.tooltip('running'), /loaded tiny on cpu/);
+    board.update('t1', { kind: 'end', message: 'ready' });
+    assert.ok(!board.busy && !board.failed);
+    assert.equal(board.label('running'), '$(sparkle) dg-lsp: ready');
+    assert.match(board.tooltip('running'), /ready/);
+});
+
+test('a failed load (the server ends its progress with "failed: ...") shows failed until a good load', () => {
+    const board = new ProgressBoard();
+    board.update('t1', { kind: 'begin', title: 'dg-lsp: loading model', message: '/no/such/model' });
+    board.update('t1', { kind: 'end', message: "failed: model directory '/no/such/model' does not exist" });
+    assert.ok(board.failed);
+    assert.equal(board.label('running'), '$(error) dg-lsp: model failed');
+    assert.match(board.tooltip('running'), /does not exist/);
+    board.update('t2', { kind: 'begin', title: 'dg-lsp: loading model' });
+    assert.match(board.label('running'), /loading model/);
+    board.update('t2', { kind: 'end', message: 'ready' });
+    assert.equal(board.label('running'), '$(sparkle) dg-lsp: ready');
+});
+
+test('a server that cannot start shows why', () => {
+    const board = new ProgressBoard();
+    board.fail({ label: 'not found', detail: 'dg-lsp: `dg-lsp` was not found' });
+    assert.equal(board.label('stopped'), '$(error) dg-lsp: not found');
+    assert.match(board.tooltip('stopped'), /was not found/);
+    board.reset();
+    assert.equal(board.label('starting'), '$(loading~spin) dg-lsp: starting');
 });
 
 test('the newest of several live tokens is shown; unknown tokens are ignored', () => {
@@ -40,5 +63,5 @@ test('the newest of several live tokens is shown; unknown tokens are ignored', (
 test('a stopped server hides a load in progress', () => {
     const board = new ProgressBoard();
     board.update('t', { kind: 'begin', title: 'dg-lsp: loading model', percentage: 10 });
-    assert.equal(board.label('stopped'), '$(circle-slash) dg-lsp');
+    assert.equal(board.label('stopped'), '$(circle-slash) dg-lsp: stopped');
 });

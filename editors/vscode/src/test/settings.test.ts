@@ -3,7 +3,14 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { test } from 'node:test';
 
-import { mapServerSettings, RESTART_KEYS, SERVER_SETTINGS, serverCommand, serverPayload } from '../settings';
+import {
+    describeStartFailure,
+    mapServerSettings,
+    RESTART_KEYS,
+    SERVER_SETTINGS,
+    serverCommand,
+    serverPayload,
+} from '../settings';
 
 const reader = (values: Record<string, unknown>) => (key: string) => values[key];
 
@@ -77,4 +84,16 @@ test('package.json contributes exactly the server settings plus the client-only 
         // every contributed default must itself be a value the mapping accepts
         assert.deepEqual(mapServerSettings(reader({ [key]: props[`dgLsp.${key}`].default })).problems, [], key);
     }
+});
+
+test('a missing server names install commands that work for this project', () => {
+    const failure = describeStartFailure('dg-lsp', 'Launching server using command dg-lsp failed. Error: spawn dg-lsp ENOENT');
+    assert.equal(failure.label, 'not found');
+    assert.match(failure.message, /`dg-lsp` was not found/);
+    assert.match(failure.message, /pip install -e \./);
+    assert.match(failure.message, /pipx install --preinstall torch==2\.13\.0 \./);
+    assert.match(failure.message, /dgLsp\.server\.path/);
+    assert.doesNotMatch(failure.message, /pip install dg-lsp/);
+    assert.equal(describeStartFailure('/x/dg-lsp', 'spawn /x/dg-lsp EACCES').label, 'not executable');
+    assert.equal(describeStartFailure('dg-lsp', 'exited with code 2').label, 'failed to start');
 });
