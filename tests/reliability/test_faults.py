@@ -6,13 +6,17 @@ a document state that is still right once the fault is gone.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import resource
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.reliability.conftest import FAST, raw_server
 from tests.reliability.probes import todo_line
@@ -52,6 +56,37 @@ def _missing_weights(model_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def _fifo_config(model_dir: Path, dest: Path) -> Path:
+    """Opening a FIFO to read blocks until a writer comes: this one never gets a writer."""
+    config = _copy(model_dir, dest) / "config.json"
+    config.unlink()
+    os.mkfifo(config)
+    return dest
+
+
+def _endless_tokenizer(model_dir: Path, dest: Path) -> Path:
+    tokenizer = _copy(model_dir, dest) / "tokenizer.json"
+    tokenizer.unlink()
+    tokenizer.symlink_to("/dev/zero")
+    return dest
+
+
+def _fifo_weights(model_dir: Path, dest: Path) -> Path:
+    weights = _copy(model_dir, dest) / "model.safetensors"
+    weights.unlink()
+    os.mkfifo(weights)
+    return dest
+
+
+def _huge_config(model_dir: Path, dest: Path) -> Path:
+    """A 20 MB config.json (valid JSON): refused by size before it is read."""
+    config = _copy(model_dir, dest) / "config.json"
+    data = json.loads(config.read_text())
+    data["padding"] = "x" * 20_000_000
+    config.write_text(json.dumps(data))
+    return dest
+
+
 def _exploding_tokenizer(model_dir: Path, dest: Path) -> Path:
     """Tokenizer and weights disagree: one extra token whose id is past the embedding table."""
     path = _copy(model_dir, dest) / "tokenizer.json"
@@ -82,6 +117,13 @@ def _inline(server, uri=URI, line=1, character=11) -> dict:
 
 
 BREAKERS = [_truncated, _corrupt, _garbage_config, _missing_weights]
+# Files that are not regular files or are too big: each used to hang the worker or read without end.
+HOSTILE = {
+    _fifo_config: "config.json is a FIFO",
+    _endless_tokenizer: "tokenizer.json is a device",
+    _fifo_weights: "model.safetensors is a FIFO",
+    _huge_config: "over the 8,388,608-byte limit",
+}
 
 
 def test_broken_model_files_are_reported_once_and_the_server_recovers(tmp_path, tiny_model_dir):
@@ -109,6 +151,33 @@ def test_broken_model_files_are_reported_once_and_the_server_recovers(tmp_path, 
         assert len(server.messages(kind=1)) == len(broken)
 
 
+def test_fifos_devices_and_huge_files_in_a_model_are_refused_with_text_and_the_server_recovers(
+    tmp_path, tiny_model_dir
+):
+    hostile = {breaker(tiny_model_dir, tmp_path / breaker.__name__): why for breaker, why in HOSTILE.items()}
+    models = list(hostile)
+    with raw_server(tmp_path / "server.log", {"dgLsp": {"model": str(models[0]), **FAST}}) as server:
+        server.notify("textDocument/didOpen", open_params(URI, TEXT))
+        for count, model in enumerate(models, start=1):
+            if count > 1:
+                _configure(server, model=str(model))
+            result = server.wait_loaded(count=count, timeout=60)
+            assert result.startswith("failed: refusing model file") and hostile[model] in result, result
+            assert _inline(server) == {"items": []}
+        errors = server.messages(kind=1)
+        assert len(errors) == len(models) and all(
+            hostile[m] in e for m, e in zip(models, errors, strict=True)
+        )
+        for fifo in (models[0] / "config.json", models[2] / "model.safetensors"):
+            with pytest.raises(OSError) as info:  # succeeds only if some process has it open to read
+                os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            assert info.value.errno == errno.ENXIO
+        _configure(server, model=str(tiny_model_dir))
+        assert server.wait_loaded(count=len(models) + 1) == "ready"
+        assert "items" in _inline(server)
+        assert server.shutdown() == 0
+
+
 def test_exception_inside_the_model_fails_the_request_not_the_server(tmp_path, tiny_model_dir):
     model = _exploding_tokenizer(tiny_model_dir, tmp_path / "boom")
     with raw_server(tmp_path / "server.log", {"dgLsp": {"model": str(model), **FAST}}) as server:
@@ -127,22 +196,25 @@ def test_exception_inside_the_model_fails_the_request_not_the_server(tmp_path, t
 
 
 def test_out_of_memory_during_a_step_then_stdin_closed(tmp_path, tiny_model_dir):
-    """A real allocation failure: the server's address space is capped, then a step needs gigabytes."""
-    with raw_server(tmp_path / "server.log", {"dgLsp": {"model": str(tiny_model_dir), **FAST}}) as server:
+    """A real allocation failure: the server's memory is capped, then a step needs more than is left."""
+    options = {"dgLsp": {"model": str(tiny_model_dir), **FAST}}
+    with raw_server(tmp_path / "server.log", options) as server:
         server.notify("textDocument/didOpen", open_params(URI, TEXT))
         assert "items" in _inline(server)
         status = Path(f"/proc/{server.pid}/status").read_text()
-        vm_size = int(next(ln for ln in status.splitlines() if ln.startswith("VmSize:")).split()[1]) * 1024
-        _, hard = resource.prlimit(server.pid, resource.RLIMIT_AS)
-        resource.prlimit(server.pid, resource.RLIMIT_AS, (vm_size + 512 * 2**20, hard))
-        # 20,000 candidates at once: about 1.3 GB of logits alone.
-        _configure(server, numCandidates=20_000, latencyBudgetMs=0)
+        vm_data = int(next(ln for ln in status.splitlines() if ln.startswith("VmData:")).split()[1]) * 1024
+        _, hard = resource.prlimit(server.pid, resource.RLIMIT_DATA)
+        # The settings are bounded (numCandidates <= 32), so the cap is tight instead. RLIMIT_DATA, not
+        # RLIMIT_AS: it also counts memory committed inside arenas glibc reserved earlier. A 32-candidate,
+        # 64-step request on the whole canvas needs about 60 MB more than idle.
+        resource.prlimit(server.pid, resource.RLIMIT_DATA, (vm_data + 24 * 2**20, hard))
+        _configure(server, numCandidates=32, maxTokens=1024, denoisingSteps=64, latencyBudgetMs=0)
         assert _inline(server) == {"items": []}
         assert _inline(server) == {"items": []}
         errors = server.messages(kind=1)
         assert len(errors) == 1, errors
         assert "out of memory during a completion" in errors[0], errors
-        _configure(server, numCandidates=1)
+        _configure(server, numCandidates=1, maxTokens=8, denoisingSteps=2)
         assert "items" in _inline(server)
         edit = {"range": rng((2, 10), (2, 10)), "text": " two"}
         server.notify("textDocument/didChange", change_params(URI, 2, [edit]))
