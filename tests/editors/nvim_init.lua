@@ -4,6 +4,16 @@ vim.opt.runtimepath:prepend(vim.env.DG_TEST_NVIM_RTP)
 vim.opt.swapfile = false
 vim.opt.shortmess:append('I')
 
+-- Read-only probes for the test driver (called through --remote-expr luaeval(...)).
+_G.dg_test = { notified = {} }
+
+-- Record what the user is told (vim.notify), then show it as usual.
+local notify = vim.notify
+vim.notify = function(msg, level, opts)
+  table.insert(dg_test.notified, { msg = msg, level = level })
+  return notify(msg, level, opts)
+end
+
 require('dg_lsp').setup({
   cmd = vim.json.decode(vim.env.DG_TEST_SERVER_CMD),
   settings = vim.json.decode(vim.env.DG_TEST_SETTINGS),
@@ -13,8 +23,29 @@ require('dg_lsp').setup({
 -- Filetype detection must run for vim.lsp.enable's FileType autocmd.
 vim.cmd('filetype on')
 
--- Read-only probes for the test driver (called through --remote-expr luaeval(...)).
-_G.dg_test = {}
+-- Open the completion menu with one item shaped as vim.lsp.completion makes them from a dg-lsp
+-- CompletionItem (menu word cut at the first space, the whole text in user_data), so accepting a
+-- multi-line infill goes through Neovim's real completion path whatever the random model says.
+function dg_test.offer(text)
+  local client = vim.lsp.get_clients({ name = require('dg_lsp').name, bufnr = 0 })[1]
+  local col = vim.api.nvim_win_get_cursor(0)[2]
+  local range = { start = { line = 0, character = col }, ['end'] = { line = 0, character = col } }
+  vim.fn.complete(col + 1, {
+    {
+      word = text:match('^(%S*)'),
+      abbr = text:gsub('\n', ' '),
+      user_data = {
+        nvim = {
+          lsp = {
+            client_id = client.id,
+            completion_item = { label = text, insertTextFormat = 1, textEdit = { range = range, newText = text } },
+          },
+        },
+      },
+    },
+  })
+  return ''
+end
 
 function dg_test.state()
   local dg = require('dg_lsp')
@@ -31,6 +62,14 @@ function dg_test.state()
     pum_words = vim.tbl_map(function(item)
       return item.word
     end, vim.fn.complete_info({ 'items' }).items or {}),
+    -- The whole text each menu item stands for (the server's textEdit), which accepting must insert.
+    pum_texts = vim.tbl_map(function(item)
+      local lsp = type(item.user_data) == 'table' and item.user_data.nvim and item.user_data.nvim.lsp or {}
+      local c = lsp.completion_item or {}
+      return (c.textEdit and c.textEdit.newText) or c.insertText or item.word
+    end, vim.fn.complete_info({ 'items' }).items or {}),
+    missing = dg.missing,
+    notified = dg_test.notified,
     lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false),
     cursor = vim.api.nvim_win_get_cursor(0),
     tick = vim.api.nvim_buf_get_changedtick(buf),

@@ -7,6 +7,7 @@ same test exercises ghost text (vim.lsp.inline_completion).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -85,12 +86,10 @@ class Nvim:
         )
 
 
-@pytest.fixture(scope="module")
-def nvim(
-    tmp_path_factory: pytest.TempPathFactory, server_cmd: list[str], server_settings: dict
-) -> Iterator[Nvim]:
+@contextlib.contextmanager
+def start_nvim(tmp: Path, server_cmd: list[str], server_settings: dict) -> Iterator[Nvim]:
+    """A headless Neovim with tests/editors/nvim_init.lua, which calls require('dg_lsp').setup()."""
     assert NVIM is not None
-    tmp = tmp_path_factory.mktemp("nvim")
     env = editor_env(tmp)
     env.update(
         DG_TEST_NVIM_RTP=str(EDITORS / "nvim"),
@@ -120,6 +119,14 @@ def nvim(
         log.close()
 
 
+@pytest.fixture(scope="module")
+def nvim(
+    tmp_path_factory: pytest.TempPathFactory, server_cmd: list[str], server_settings: dict
+) -> Iterator[Nvim]:
+    with start_nvim(tmp_path_factory.mktemp("nvim"), server_cmd, server_settings) as editor:
+        yield editor
+
+
 @pytest.fixture
 def text_file(tmp_path: Path) -> Path:
     path = tmp_path / "notes.txt"
@@ -142,7 +149,9 @@ def test_accept_inserts_infill_at_cursor(nvim: Nvim, text_file: Path) -> None:
     if before["mode"] == "completion":
         nvim.send("<C-Space>")  # the module's trigger key (autotrigger covers typed trigger chars)
         shown = wait_for(nvim.state, lambda s: s["pum"], INFILL_TIMEOUT, "the completion menu")
-        expected = line + shown["pum_words"][0]  # noinsert: the first item is selected, not yet inserted
+        # noinsert: the first item is selected, not yet inserted. Its whole text, not the menu word
+        # (Neovim 0.11 cuts that at the first space), is what accepting must put in the buffer.
+        expected = line + shown["pum_texts"][0]
     else:
         nvim.send(" ")  # typing triggers inline completion; wait for the ghost-text extmark
         line += " "
@@ -157,8 +166,27 @@ def test_accept_inserts_infill_at_cursor(nvim: Nvim, text_file: Path) -> None:
     assert text.startswith(line), "text before the cursor must be kept"
     assert len(text) > len(line), "accepting must insert the infill"
     if expected is not None:
-        assert text == expected, "the accepted item must be inserted exactly, at the cursor"
+        assert text == expected, "the accepted item must be inserted whole, at the cursor"
     assert not after["pum"]
+
+
+def test_accept_inserts_a_multi_line_infill_whole(nvim: Nvim, text_file: Path) -> None:
+    """Neovim 0.11's menu word stops at the first space; the buffer must get every line of the item."""
+    before = nvim.edit(text_file)
+    if before["mode"] != "completion":
+        pytest.skip("the completion menu is the fallback for Neovim < 0.12")
+    line = before["lines"][0]
+    infill = "if value is None:\n    return default"
+    # A double-quoted Vim string: `\n` in it is a newline.
+    nvim.send('A<C-r>=v:lua.dg_test.offer("' + infill.replace("\n", "\\n") + '")<CR>')
+    shown = wait_for(nvim.state, lambda s: s["pum"], 30, "the completion menu")
+    assert shown["pum_words"] == ["if"]  # what Neovim alone would have inserted
+    nvim.send("<Tab>")
+    after = wait_for(nvim.state, lambda s: len(s["lines"]) > len(before["lines"]), 30, "the infill")
+    nvim.send("<Esc>")
+    assert after["lines"][:2] == [line + "if value is None:", "    return default"], after["lines"]
+    assert after["lines"][2:] == before["lines"][1:]
+    assert after["cursor"] == [2, len("    return default")]
 
 
 def test_typing_a_trigger_character_opens_the_menu(nvim: Nvim, text_file: Path) -> None:
@@ -205,3 +233,36 @@ def test_update_settings_reaches_the_running_server(nvim: Nvim, text_file: Path)
     wait_for(nvim.completion_count, lambda n: n == 0, 60, "the server to stop serving plain text", step=1)
     nvim.send(":lua require('dg_lsp').update_settings({ enabledLanguages = { '*' } })<CR>")
     wait_for(nvim.completion_count, lambda n: n > 0, 60, "the server to serve plain text again", step=1)
+
+
+def _errors(state: dict) -> list[str]:
+    return [n["msg"] for n in state.get("notified", []) if n.get("level") == 4]  # vim.log.levels.ERROR
+
+
+def test_missing_server_is_reported_with_an_install_command(tmp_path: Path, text_file: Path) -> None:
+    """Neovim skips a server whose command is not executable without telling the user."""
+    missing = str(tmp_path / "not-installed" / "dg-lsp")
+    with start_nvim(tmp_path, [missing], {}) as editor:
+        editor.send(f"<C-\\><C-n>:edit! {text_file}<CR>")
+        state = wait_for(editor.state, lambda s: s.get("lines"), 30, "the file to open")
+        errors = _errors(state)
+        assert any(f"`{missing}` was not found" in e for e in errors), state
+        assert any("pip install -e ." in e and "pipx install" in e for e in errors), errors
+        assert not any("pip install dg-lsp" in e for e in errors)
+        assert state["status"] == "dg-lsp: not found" and not state["attached"]
+
+
+def test_failed_model_load_is_reported_and_not_ready(
+    tmp_path: Path, text_file: Path, server_cmd: list[str], server_settings: dict
+) -> None:
+    settings = {**server_settings, "model": str(tmp_path / "no-such-model")}
+    with start_nvim(tmp_path, server_cmd, settings) as editor:
+        editor.send(f"<C-\\><C-n>:edit! {text_file}<CR>")
+        state = wait_for(
+            editor.state,
+            lambda s: any("model failed" in e for e in _errors(s)),
+            READY_TIMEOUT,
+            "an error for the failed model load",
+        )
+        assert state["attached"] and not state["ready"], state
+        assert state["status"] == "dg-lsp: model failed"

@@ -53,6 +53,14 @@ M.config = vim.deepcopy(M.defaults)
 M.progress = {}
 --- Client ids that have finished at least one progress (the model load) since starting.
 M.loaded = {}
+--- Client id -> the server's message when its last model load failed ("failed: ..."); nil once a load
+--- succeeds.
+M.failed = {}
+
+--- Install commands that work: dg-lsp is installed from a clone of its repository, not from PyPI
+--- (torch first, pinned, so pip does not pull a multi-GB CUDA build).
+M.install_hint = 'from a clone of the dg-lsp repository: pip install torch==2.13.0 && pip install -e .'
+  .. ' (or pipx install --preinstall torch==2.13.0 .)'
 
 local has_inline = vim.lsp.inline_completion ~= nil and vim.fn.has('nvim-0.12') == 1
 
@@ -126,6 +134,38 @@ function M.trigger()
   -- Inline mode requests on its own while typing.
 end
 
+--- Neovim 0.11 inserts a plain-text completion item only up to its first whitespace (the menu word
+--- is cut there), and dg-lsp's items are whole infills, often several lines: `return value` went in as
+--- `return`. After the menu inserted the word, put the item's whole text in its place.
+local function insert_whole_item(bufnr)
+  local completed = vim.v.completed_item
+  local data = type(completed) == 'table' and completed.user_data
+  local lsp_data = type(data) == 'table' and type(data.nvim) == 'table' and data.nvim.lsp
+  local item = type(lsp_data) == 'table' and lsp_data.completion_item
+  if type(item) ~= 'table' then
+    return
+  end
+  local client = vim.lsp.get_client_by_id(lsp_data.client_id)
+  if not client or client.name ~= M.name or item.insertTextFormat == 2 then
+    return -- not ours, or a snippet (Neovim expands those whole itself)
+  end
+  local text = (item.textEdit and item.textEdit.newText) or item.insertText or item.label
+  local word = completed.word or ''
+  if type(text) ~= 'string' or text == word then
+    return
+  end
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  row = row - 1
+  local start = col - #word
+  if start < 0 or vim.api.nvim_buf_get_text(bufnr, row, start, row, col, {})[1] ~= word then
+    return -- the word is not right before the cursor: leave the buffer alone
+  end
+  local lines = vim.split(text, '\n', { plain = true })
+  vim.api.nvim_buf_set_text(bufnr, row, start, row, col, lines)
+  local last = #lines == 1 and start + #lines[1] or #lines[#lines]
+  vim.api.nvim_win_set_cursor(0, { row + #lines, last })
+end
+
 local function set_keymaps(bufnr)
   local keys = M.config.keymaps
   if not keys then
@@ -165,6 +205,14 @@ local function on_attach(client, bufnr)
       vim.bo[bufnr].completeopt = M.config.completeopt
     end
     vim.lsp.completion.enable(true, client.id, bufnr, { autotrigger = M.config.autotrigger })
+    vim.api.nvim_create_autocmd('CompleteDone', {
+      group = vim.api.nvim_create_augroup('dg_lsp_complete_' .. bufnr, { clear = true }),
+      buffer = bufnr,
+      callback = function()
+        insert_whole_item(bufnr)
+      end,
+      desc = 'dg-lsp: insert the whole infill, not only the menu word',
+    })
   end
   set_keymaps(bufnr)
 end
@@ -185,8 +233,20 @@ local function on_progress(ev)
   elseif value.kind == 'end' then
     M.progress[client.id] = nil
     M.loaded[client.id] = true
+    -- The server ends its load progress with "failed: <why>" when the model could not load.
+    if type(value.message) == 'string' and value.message:match('^failed') then
+      M.failed[client.id] = value.message
+      vim.notify(
+        ('dg-lsp: the model %s. Completions stay empty until it loads; `dg-lsp doctor` says what is wrong.'):format(
+          value.message
+        ),
+        vim.log.levels.ERROR
+      )
+    else
+      M.failed[client.id] = nil
+    end
   end
-  if M.config.progress then
+  if M.config.progress and not M.failed[client.id] then
     local text = M.status()
     if value.kind == 'end' then
       text = 'dg-lsp: ' .. (value.message or 'ready')
@@ -195,8 +255,8 @@ local function on_progress(ev)
   end
 end
 
---- Statusline text: the running progress ("dg-lsp: loading model 40%"), 'dg-lsp' when attached
---- and idle, '' when not attached to the current buffer.
+--- Statusline text: the running progress ("dg-lsp: loading model 40%"), 'dg-lsp: model failed' after
+--- a failed load, 'dg-lsp' when attached and idle, '' when not attached to the current buffer.
 function M.status()
   for _, client in ipairs(clients(0)) do
     local p = M.progress[client.id]
@@ -205,14 +265,20 @@ function M.status()
       local msg = p.message and (' (' .. p.message .. ')') or ''
       return (p.title or 'dg-lsp') .. pct .. msg
     end
+    if M.failed[client.id] then
+      return 'dg-lsp: model failed'
+    end
   end
-  return #clients(0) > 0 and 'dg-lsp' or ''
+  if #clients(0) > 0 then
+    return 'dg-lsp'
+  end
+  return M.missing and 'dg-lsp: not found' or ''
 end
 
---- True once the server attached to `bufnr` has finished loading its model.
+--- True once the server attached to `bufnr` has loaded its model (a failed load is not ready).
 function M.ready(bufnr)
   for _, client in ipairs(clients(bufnr or 0)) do
-    if client.initialized and M.loaded[client.id] and not M.progress[client.id] then
+    if client.initialized and M.loaded[client.id] and not M.progress[client.id] and not M.failed[client.id] then
       return true
     end
   end
@@ -294,6 +360,16 @@ function M.setup(opts)
   local settings = M.config.settings
   vim.lsp.config(M.name, {
     cmd = M.config.cmd,
+    on_exit = function(code, signal)
+      if code ~= 0 and signal ~= 15 then
+        vim.schedule(function()
+          vim.notify(
+            ('dg-lsp exited with code %s; see :LspLog (`dg-lsp doctor` checks the install)'):format(code),
+            vim.log.levels.ERROR
+          )
+        end)
+      end
+    end,
     filetypes = M.config.filetypes,
     root_markers = M.config.root_markers,
     init_options = { dgLsp = settings },
@@ -317,6 +393,20 @@ function M.setup(opts)
       M.progress[ev.data.client_id] = nil
     end,
   })
+  -- Neovim skips a server whose command is not executable without a word to the user.
+  local exe = type(M.config.cmd) == 'table' and M.config.cmd[1]
+  if exe and vim.fn.executable(exe) == 0 then
+    M.missing = exe
+    vim.notify(
+      ('dg-lsp: `%s` was not found, so no infills. Install it %s, or pass `cmd` to setup()'):format(
+        exe,
+        M.install_hint
+      ) .. " (e.g. { '/path/to/venv/bin/python', '-m', 'dg_lsp' }).",
+      vim.log.levels.ERROR
+    )
+  else
+    M.missing = nil
+  end
   create_commands()
   vim.lsp.enable(M.name)
 end
