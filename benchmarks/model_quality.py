@@ -82,6 +82,10 @@ class Outcome:
     """`context_identifiers` of the completion."""
     balanced: bool | None = None
     """Non-blank and `balanced_brackets`."""
+    line_exact: bool = False
+    """The line holding the cursor reads as in the reference once the completion is in (the completed
+    line: what a user judges an inline completion by)."""
+    generated_tokens: int = 0
 
 
 @dataclass
@@ -282,7 +286,12 @@ def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int, mask
     )
 
 
-def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str, int]:
+def completed_line(prefix: str, middle: str, suffix: str) -> str:
+    """The line the cursor is on, after `middle` goes in at it."""
+    return (prefix.rsplit("\n", 1)[-1] + middle + suffix).split("\n", 1)[0]
+
+
+def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str, int, int]:
     """The completion an editor would show at the task's cursor (the middle cut out of the file)."""
     from dg_lsp import context, pipeline
     from dg_lsp.settings import Settings
@@ -296,7 +305,7 @@ def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str,
     )
     snapshot = context.as_snapshot(task.prefix + task.suffix, language)
     done = pipeline.complete(engine, snapshot, len(task.prefix), settings)
-    return (done.texts[0] if done.texts else ""), done.stats.forward_passes
+    return (done.texts[0] if done.texts else ""), done.stats.forward_passes, done.stats.generated_tokens
 
 
 def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> tuple[Summary, list[Outcome]]:
@@ -311,13 +320,14 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
         language = task_language(task)
         t0 = time.perf_counter()
         if args.get("through") == "editor":
-            text, forward_passes = _through_editor(engine, task, language, args)
+            text, forward_passes, generated = _through_editor(engine, task, language, args)
         else:
             result = engine.infill(
                 InfillRequest(task.prefix, task.suffix, max_tokens=args["max_tokens"], seed=0)
             )
             text = result.candidates[0].text if result.candidates else ""
             forward_passes = result.stats.forward_passes
+            generated = result.stats.generated_tokens
         ms = (time.perf_counter() - t0) * 1000
         passed = None
         if task.test:
@@ -336,6 +346,9 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
                 bool(text.strip()) and keeps_parsing(task, text, language),
                 context_identifiers(text, task.prefix, task.suffix),
                 bool(text.strip()) and balanced_brackets(task, text, language),
+                completed_line(task.prefix, text, task.suffix)
+                == completed_line(task.prefix, task.middle, task.suffix),
+                generated,
             )
         )
     summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
@@ -354,11 +367,22 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
             / max(1, sum(o.context_ids[1] for o in rows)),
             "mean_ms": sum(o.ms for o in rows) / len(rows),
             "mean_forward_passes": sum(o.forward_passes for o in rows) / len(rows),
+            "line_exact": sum(o.line_exact for o in rows) / len(rows),
+            # natural stops: passes spent per token the model actually wrote (requests that wrote some)
+            "passes_per_token": sum(o.forward_passes for o in rows if o.generated_tokens)
+            / max(1, sum(o.generated_tokens for o in rows if o.generated_tokens)),
+            "p50_ms": _quantile([o.ms for o in rows], 0.5),
+            "p95_ms": _quantile([o.ms for o in rows], 0.95),
         }
         if rows[0].passed is not None:
             s["pass@1"] = sum(bool(o.passed) for o in rows) / len(rows)
         summary.suites[suite] = s
     return summary, outcomes
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
 
 
 def _plot(summaries: dict[str, Summary], path: Path) -> None:
@@ -425,15 +449,20 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
     ]
     first = next(iter(summaries.values()))
     for suite, s in first.suites.items():
-        for metric in ("exact_match", "edit_similarity", "pass@1", "nonempty_parsing", "balanced_brackets",
-                       "context_identifiers", "shown", "parsing_when_shown", "mean_ms",
-                       "mean_forward_passes"):  # fmt: skip
+        for metric in ("pass@1", "line_exact", "exact_match", "edit_similarity", "nonempty_parsing",
+                       "balanced_brackets", "context_identifiers", "shown", "parsing_when_shown", "p50_ms",
+                       "p95_ms", "mean_forward_passes", "passes_per_token"):  # fmt: skip
             if metric not in s:
                 continue
             vals = []
             for summ in summaries.values():
                 v = summ.suites[suite].get(metric, float("nan"))
-                vals.append(f"{v:.1f}" if metric.startswith("mean") else f"{100 * v:.1f}%")
+                plain = metric.startswith(("mean", "p50", "p95")) or metric == "passes_per_token"
+                vals.append(
+                    (f"{v:.2f}" if metric == "passes_per_token" else f"{v:.1f}")
+                    if plain
+                    else f"{100 * v:.1f}%"
+                )
             lines.append(f"| {suite} | {s['tasks']} | {metric} | " + " | ".join(vals) + " |")
     lines += ["", "Models:", ""]
     for name, summ in summaries.items():
