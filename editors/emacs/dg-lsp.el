@@ -13,14 +13,16 @@
 ;; server's code actions run with `dg-lsp-fill', `dg-lsp-rewrite',
 ;; `dg-lsp-fill-placeholder', `dg-lsp-repair' or `dg-lsp-code-action'.
 ;;
-;; Eglot manages one server per buffer, so `dg-lsp-setup' appends its entry
-;; to `eglot-server-programs': modes that already have a language server keep
-;; it, the others get dg-lsp.  Set `dg-lsp-prefer' to put dg-lsp first.
+;; Eglot manages one server per buffer.  `dg-lsp-setup' lets a buffer keep
+;; the language server Eglot would start for it when that server is
+;; installed; every other buffer of `dg-lsp-modes' gets dg-lsp (so a Python
+;; buffer without pylsp or pyright gets dg-lsp).  Set `dg-lsp-prefer' to use
+;; dg-lsp even where the mode's own server is installed.
 ;;
 ;;   (require 'dg-lsp)
 ;;   (setq dg-lsp-settings '(:maxTokens 32))
 ;;   (dg-lsp-setup)
-;;   (add-hook 'text-mode-hook #'eglot-ensure)
+;;   (add-hook 'prog-mode-hook #'eglot-ensure)
 ;;
 ;; Model-loading progress ($/progress) is shown in the echo area and by
 ;; `dg-lsp-status'.
@@ -54,8 +56,9 @@ under `dgLsp'; change them at run time with `dg-lsp-update-settings'."
   :type '(repeat symbol))
 
 (defcustom dg-lsp-prefer nil
-  "Non-nil: put dg-lsp before other servers for `dg-lsp-modes'.
-Eglot runs one server per buffer, so this replaces their language server."
+  "Non-nil: use dg-lsp for `dg-lsp-modes' even where their own server is.
+Eglot runs one server per buffer, so this replaces their language server.
+Nil: a buffer whose mode has an installed language server keeps it."
   :type 'boolean)
 
 (defconst dg-lsp-action-titles
@@ -69,7 +72,9 @@ Eglot runs one server per buffer, so this replaces their language server."
   ((progress :initform nil
              :documentation "Alist (TOKEN . PLIST) of running progress.")
    (loaded :initform nil
-           :documentation "Non-nil once a progress (the model load) ended."))
+           :documentation "Non-nil once a progress (the model load) ended.")
+   (failed :initform nil
+           :documentation "The server's message when the last model load failed, else nil."))
   :documentation "Eglot server class for dg-lsp.")
 
 (defun dg-lsp--settings ()
@@ -110,7 +115,12 @@ Eglot runs one server per buffer, so this replaces their language server."
              (setcdr slot (plist-put (cdr slot) key (plist-get value key)))))))
       ("end"
        (oset server progress (assoc-delete-all token (oref server progress)))
-       (oset server loaded t)))
+       (oset server loaded t)
+       ;; The server ends its load progress with "failed: <why>" when the model could not load.
+       (let ((end-message (plist-get value :message)))
+         (oset server failed (and (stringp end-message)
+                                  (string-prefix-p "failed" end-message)
+                                  end-message)))))
     (let ((inhibit-message (and (not (string= kind "end")) (minibufferp))))
       (message "%s" (if (string= kind "end")
                         (format "dg-lsp: %s" (or (plist-get value :message) "ready"))
@@ -133,7 +143,7 @@ Eglot runs one server per buffer, so this replaces their language server."
 (defun dg-lsp-ready-p ()
   "Non-nil when the current buffer's dg-lsp server has loaded its model."
   (when-let ((server (dg-lsp--server)))
-    (and (oref server loaded) (null (oref server progress)))))
+    (and (oref server loaded) (null (oref server progress)) (null (oref server failed)))))
 
 (defun dg-lsp-status ()
   "Show (and return) the dg-lsp state for the current buffer."
@@ -141,6 +151,7 @@ Eglot runs one server per buffer, so this replaces their language server."
   (let* ((server (dg-lsp--server))
          (text (cond ((null server) "dg-lsp: not managing this buffer")
                      ((dg-lsp--progress-text server))
+                     ((oref server failed) (format "dg-lsp: model %s" (oref server failed)))
                      ((oref server loaded) "dg-lsp: ready")
                      (t "dg-lsp: starting"))))
     (when (called-interactively-p 'interactive) (message "%s" text))
@@ -163,7 +174,8 @@ Eglot runs one server per buffer, so this replaces their language server."
 (defun dg-lsp--execute (server action)
   "Run code ACTION (a CodeAction plist) on SERVER, however this Eglot can.
 The user asked for this edit, so the server's workspace/applyEdit (sent while
-the command runs) is applied without Eglot's confirmation prompt."
+the command runs) is applied without Eglot's confirmation prompt.  Returns the
+command's result where this Eglot gives it: (:applied BOOL :reason TEXT)."
   (let ((eglot-confirm-server-initiated-edits nil)
         (eglot-confirm-server-edits nil))
     (if (fboundp 'eglot-execute)        ; newer Eglot (Emacs 30): also resolves lazily
@@ -174,6 +186,19 @@ the command runs) is applied without Eglot's confirmation prompt."
         (when command
           (eglot-execute-command server (intern (plist-get command :command))
                                  (plist-get command :arguments)))))))
+
+(defun dg-lsp--report (title tick result)
+  "Say what running the action TITLE did; TICK is the buffer's tick before it.
+The server answers an action with no infill without touching the buffer, so
+without this the command would end in silence."
+  (if (/= tick (buffer-chars-modified-tick))
+      (message "dg-lsp: %s: done" title)
+    (let ((reason (and (listp result) (plist-get result :reason))))
+      (message "dg-lsp: %s: %s" title
+               (cond ((not (stringp reason))
+                      "no infill here (the model offered nothing that keeps the code parsing)")
+                     ((string-prefix-p "no infill" reason) reason)
+                     (t (format "no infill here (%s)" reason)))))))
 
 (defun dg-lsp-code-action (which &optional beg end)
   "Run the dg-lsp code action WHICH (a key of `dg-lsp-action-titles').
@@ -193,11 +218,15 @@ nil, choose among the actions the server offers here."
                        (if prefix (string-prefix-p prefix title)
                          (string-match-p "(dg-lsp)" title))))
                    (eglot-code-actions beg end)))
-         (action (cond ((null actions) (user-error "No dg-lsp action here"))
+         (action (cond ((null actions)
+                        (user-error "dg-lsp: no %s action here (%s)"
+                                    (or which "code")
+                                    (or (dg-lsp-status) "not managing this buffer")))
                        ((or prefix (null (cdr actions))) (car actions))
                        (t (let ((titles (mapcar (lambda (a) (cons (plist-get a :title) a)) actions)))
                             (cdr (assoc (completing-read "dg-lsp action: " titles nil t) titles)))))))
-    (dg-lsp--execute server action)))
+    (let ((tick (buffer-chars-modified-tick)))
+      (dg-lsp--report (plist-get action :title) tick (dg-lsp--execute server action)))))
 
 (defun dg-lsp-fill ()
   "Fill in code at point."
@@ -219,17 +248,43 @@ nil, choose among the actions the server offers here."
   (interactive)
   (dg-lsp-code-action 'repair (point) (point)))
 
+(defun dg-lsp--entry-p (entry)
+  "Non-nil when ENTRY of `eglot-server-programs' is dg-lsp's."
+  (or (eq (cdr entry) #'dg-lsp--contact)
+      (and (consp (cdr entry)) (eq (cadr entry) 'dg-lsp-server))))
+
+(defun dg-lsp--own-contact ()
+  "What Eglot would start for this buffer without dg-lsp, when that is installed.
+Nil when no other entry of `eglot-server-programs' serves the major mode or
+its program is not found (Eglot's own entry for Python lists pylsp, pyright and
+others, which a plain machine does not have)."
+  (let* ((eglot-server-programs (cl-remove-if #'dg-lsp--entry-p eglot-server-programs))
+         (found (and (fboundp 'eglot--lookup-mode) (eglot--lookup-mode major-mode)))
+         ;; Eglot 1.9: (MODES LANGUAGE-ID CONTACT); newer: (((MODE . ID) ...) . CONTACT).
+         (contact (if (and (consp (car found)) (consp (caar found))) (cdr found) (nth 2 found)))
+         (guess (if (functionp contact) (ignore-errors (funcall contact nil)) contact))
+         (program (cond ((and (consp guess) (stringp (car guess))) (car guess))
+                        ((and (consp guess) (symbolp (car guess)) (stringp (cadr guess)))
+                         (cadr guess)))))
+    (cond ((null guess) nil)
+          ((null program) guess)        ; host:port or the like: theirs, unchecked
+          ((or (file-executable-p program) (executable-find program)) guess))))
+
+(defun dg-lsp--contact (&optional _interactive)
+  "The server for this buffer: dg-lsp, unless the mode's own server is installed.
+With `dg-lsp-prefer', always dg-lsp."
+  (or (and (not dg-lsp-prefer) (dg-lsp--own-contact))
+      (cons 'dg-lsp-server dg-lsp-command)))
+
 ;;;###autoload
 (defun dg-lsp-setup ()
-  "Register dg-lsp in `eglot-server-programs' for `dg-lsp-modes'."
+  "Register dg-lsp in `eglot-server-programs' for `dg-lsp-modes'.
+It goes first, and hands a buffer to the server Eglot would otherwise start
+only when that server is installed (see `dg-lsp-prefer')."
   (interactive)
-  (let ((entry (cons dg-lsp-modes (cons 'dg-lsp-server dg-lsp-command))))
-    (setq eglot-server-programs
-          (cl-remove-if (lambda (e) (and (consp (cdr e)) (eq (cadr e) 'dg-lsp-server)))
-                          eglot-server-programs))
-    (setq eglot-server-programs
-          (if dg-lsp-prefer (cons entry eglot-server-programs)
-            (append eglot-server-programs (list entry))))))
+  (setq eglot-server-programs
+        (cons (cons dg-lsp-modes #'dg-lsp--contact)
+              (cl-remove-if #'dg-lsp--entry-p eglot-server-programs))))
 
 (provide 'dg-lsp)
 ;;; dg-lsp.el ends here

@@ -102,3 +102,41 @@ def test_eglot_completion_progress_and_code_action(
     # dg-lsp-update-settings merged the change (and notified the server without error).
     assert result["settings"]["maxTokens"] == 4
     assert result["settings"]["model"] == server_settings["model"]
+
+
+def test_readme_snippet_serves_python_and_says_when_there_is_no_infill(
+    tmp_path: Path, server_cmd: list[str], server_settings: dict
+) -> None:
+    """Eglot's own Python entry (pylsp, pyright, ...) must not win when none of them is installed."""
+    assert EMACS is not None
+    if any(shutil.which(p) for p in ("pylsp", "pyls", "pyright-langserver", "jedi-language-server")):
+        pytest.skip("a Python language server is installed here: Eglot rightly keeps it")
+    source = tmp_path / "stack.py"
+    source.write_text("def peek(items):\n    return \n", encoding="utf-8")
+    env = editor_env(tmp_path)
+    env.update(
+        HOME=str(tmp_path),
+        DG_TEST_EMACS_DIR=str(EDITORS / "emacs"),
+        DG_TEST_SERVER_CMD=json.dumps(server_cmd),
+        DG_TEST_SETTINGS=json.dumps({**server_settings, "model": str(tmp_path / "no-such-model")}),
+        DG_TEST_FILE=str(source),
+    )
+    done = subprocess.run(
+        [EMACS, "--batch", "-l", str(SCRIPT.with_name("emacs_python_e2e.el"))],
+        env=env,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    lines = [line for line in output.splitlines() if line.startswith("DG-RESULT ")]
+    assert done.returncode == 0 and lines, output[-4000:]
+    result = json.loads(lines[-1].removeprefix("DG-RESULT "))
+    assert result["mode"] == "python-mode" and result["prefer"] is None
+    assert result["server"] == "dg-lsp-server" and result["language"] == "python"
+    assert result["status"].startswith("dg-lsp: model failed") and result["ready"] is False
+    assert result["unchanged"] is True
+    assert result["fill_said"] and result["fill_said"].startswith("dg-lsp: "), result
+    assert "no infill" in result["fill_said"], result
