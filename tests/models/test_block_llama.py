@@ -207,3 +207,20 @@ def test_packed_smollm2_equals_transformers_gguf_loader(tmp_path):
     theirs = ref.state_dict()
     for name, w in ours.items():
         assert torch.equal(w, theirs[name]), name
+
+
+def test_a_model_config_cannot_point_the_base_at_any_file(tmp_path):
+    import os
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"x")
+    with pytest.raises(ValueError, match="outside the model directory"):
+        bl.base_path(model, "../outside.safetensors")
+    with pytest.raises(ValueError, match="outside the model directory"):
+        bl.base_path(model, "/etc/passwd")
+    os.mkfifo(model / "fifo.safetensors")
+    with pytest.raises(ValueError, match="not a regular file"):
+        bl.base_path(model, "fifo.safetensors")
+    (model / "base.safetensors").write_bytes(b"x")
+    assert bl.base_path(model, "base.safetensors") == (model / "base.safetensors").resolve()
