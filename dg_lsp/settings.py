@@ -112,7 +112,7 @@ class Settings:
                     updates[key] = _coerce(key, getattr(base, key), value)
                 else:
                     extra[raw_key] = value
-            except ValueError as exc:
+            except (ValueError, TypeError, OverflowError) as exc:
                 errors.append(f"invalid setting {raw_key}: {exc}")
         return dataclasses.replace(base, **updates, extra=extra), errors
 
@@ -152,7 +152,9 @@ def whole_number(value: Any, lo: int, hi: int) -> int:
 
 
 def real_number(value: Any, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"must be a number, got {_shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):  # (math.isfinite overflows on 10**400)
         raise ValueError(f"must be a finite number, got {_shown(value)}")
     if not lo <= value <= hi:
         raise ValueError(f"must be from {lo} to {hi}, got {_shown(value)}")
@@ -234,7 +236,7 @@ def _masked(value: Any, previous: Any) -> tuple[dict[str, Any], list[str]]:
             continue  # unknown options are ignored, as the sampler does
         try:
             kept[raw_key] = check(item)
-        except ValueError as exc:
+        except (ValueError, TypeError, OverflowError) as exc:
             problems.append(f"{raw_key}: {exc}")
             if raw_key in before:
                 kept[raw_key] = before[raw_key]
