@@ -38,6 +38,7 @@ NUMBER_BOUNDS: dict[str, tuple[int, int]] = {
     "debounce_ms": (0, 10_000),
     "num_candidates": (1, 32),
     "seed": (0, 2**63 - 1),
+    "threads": (1, 256),
 }
 """Inclusive bounds of every numeric setting (README, Settings). 0 steps or budget means no cap."""
 
@@ -71,6 +72,9 @@ class Settings:
     trust_remote_code: bool = False
     """Asks for a model's own code; it runs only if `LocalPolicy` allows it too."""
     seed: int = 0
+    threads: int = 1
+    """torch threads for the model. One by default: on a busy machine (an editor, a build, the language
+    servers) a second intra-op thread made a pass 3-7 times slower than one thread did."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
@@ -207,6 +211,19 @@ def _buckets(value: Any) -> list[int]:
     return [whole_number(v, 1, 1024) for v in value]
 
 
+def _commit_rules(value: Any) -> list[str]:
+    """`"factor"`, `"factor:1.5,prophet"` or a list of such names: checked by the sampler's own parser
+    (imported lazily: settings stay free of torch)."""
+    from dg_lsp.engine.commit import parse_rules
+
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 8:
+        raise ValueError(f"must be a rule name or a list of up to 8, got {_shown(value)}")
+    parse_rules(value)
+    return value
+
+
 MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "steps": lambda v: whole_number(v, 1, 512),
     "confidence": _confidence,
@@ -219,6 +236,9 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "stop_at_frontier": _boolean,
     "min_tokens": lambda v: whole_number(v, 0, 1024),
     "block_length": _optional(lambda v: whole_number(v, 1, 1024)),
+    "commit": _optional(lambda v: _commit_rules(v)),
+    "stops_in_quota": _boolean,
+    "min_capped_steps": lambda v: whole_number(v, 1, 512),
 }
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""
 
