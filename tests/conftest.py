@@ -33,6 +33,7 @@ SLOW_TESTS = (
     "tests/reliability/test_faults.py::test_broken_model_files_are_reported_once_and_the_server_recovers",
     "tests/reliability/test_storm.py::test_typing_storm_keeps_queue_bounded_and_text_exact",  # 26 s
     "tests/reliability/test_protocol_fuzz.py::test_fuzz_protocol_keeps_serving",  # 40 s with set-up
+    "tests/editors/test_install.py::test_the_wheel_carries_the_embedded_model_and_the_example",  # 20-60 s
 )
 
 

@@ -118,8 +118,8 @@ export function serverCommand(read: ConfigReader): ServerCommand {
 export const RESTART_KEYS: readonly string[] = ['server.path', 'server.args'];
 
 /**
- * Commands that install the server from a clone of the dg-lsp repository. dg-lsp is not on PyPI, so
- * `pip install dg-lsp` fails; torch is pinned first so pip does not pull a multi-GB CUDA build.
+ * Commands that install the server from a clone of the dg-lsp repository. dg-lsp is not on PyPI, so a
+ * bare package name fails; torch is pinned first so pip does not pull a multi-GB CUDA build.
  */
 export const INSTALL_HINT =
     'From a clone of the dg-lsp repository: `pip install torch==2.13.0 && pip install -e .` ' +
