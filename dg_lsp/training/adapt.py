@@ -226,6 +226,20 @@ def _collate(rows, tgts, hid, pad: int) -> AdaptBatch:
     )
 
 
+def _on(batch: AdaptBatch, device: str) -> AdaptBatch:
+    from dg_lsp.training.batches import to_device
+
+    return batch if device == "cpu" else to_device(batch, device)
+
+
+def _autocast(cfg: TrainConfig):
+    """bf16 autocast on CUDA and on CPUs with native bf16 (~2x the fp32 step here), else fp32."""
+    from dg_lsp.engine.layouts import cpu_has_native_bf16
+
+    kind = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda" or cpu_has_native_bf16())
+
+
 def batch_loss(model, batch: AdaptBatch) -> torch.Tensor:
     """Mean CE per row over its loss positions, averaged over rows; logits only where a loss is taken
     (the 49k-row output head is a fifth of the model's compute)."""
@@ -237,7 +251,7 @@ def batch_loss(model, batch: AdaptBatch) -> torch.Tensor:
     logits = model.lm_head(h).float()
     ce = F.cross_entropy(logits, batch.targets[batch.hidden], reduction="none")
     rows = batch.hidden.nonzero()[:, 0]
-    per_row = torch.zeros(batch.input_ids.shape[0]).index_add_(0, rows, ce)
+    per_row = torch.zeros(batch.input_ids.shape[0], device=ce.device).index_add_(0, rows, ce)
     counts = batch.hidden.sum(1).clamp(min=1)
     return (per_row / counts).mean()
 
@@ -312,8 +326,8 @@ def evaluate(cfg: TrainConfig, kind: str, model, valid: list[list[Example]], sp:
     for i, examples in enumerate(valid):
         gen = torch.Generator().manual_seed(i)
         t = (torch.arange(len(examples)) + 0.5) / len(examples)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            total += float(batch_loss(model, make_batch(cfg, kind, examples, gen, sp, t)))
+        with _autocast(cfg):
+            total += float(batch_loss(model, _on(make_batch(cfg, kind, examples, gen, sp, t), cfg.device)))
     model.train()
     return total / len(valid)
 
@@ -332,6 +346,7 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
     sp = special_ids(tok)
     base_file = base_weights(cfg.base, data_dir)
     peft_model, model = lora_model(cfg, base_file, kind, sp)
+    peft_model.to(cfg.device)
     from dg_lsp.models.packed import load_packed
 
     config = {
@@ -376,8 +391,8 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
         for g in opt.param_groups:
             g["lr"] = lr
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = batch_loss(model, batch)
+        with _autocast(cfg):
+            loss = batch_loss(model, _on(batch, cfg.device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
