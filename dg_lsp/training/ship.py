@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if json.loads((args.run / "config.json").read_text()).get("base"):
-        ship_adapted(args.run, args.dest, args.which)  # a LoRA run over a pretrained base
+        ship_adapted(args.run, args.dest, args.which, args.prompt_tokens or 384)  # a LoRA run over a pretrained base
         return 0
     ship(args.run, args.dest, args.force, args.prompt_tokens, args.which)
     return 0
@@ -197,7 +197,7 @@ def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[
     )
 
 
-def ship_adapted(run: Path, dest: Path, which: str = "best") -> Path:
+def ship_adapted(run: Path, dest: Path, which: str = "best", prompt_tokens: int = 384) -> Path:
     """Ship a LoRA run (`dg_lsp/training/adapt.py`): the packed base once into `models/smollm2_base/`,
     the fp16 adapter, tokenizer and config into `dest`."""
     import filecmp
@@ -217,6 +217,9 @@ def ship_adapted(run: Path, dest: Path, which: str = "best") -> Path:
             p.unlink()
     for name in ("adapter.safetensors", "tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(src / name, dest / name)
+    tok_cfg = json.loads((dest / "tokenizer_config.json").read_text())
+    tok_cfg["model_max_length"] = prompt_tokens  # the prompt budget: a full pass costs about linear in it
+    (dest / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=1) + "\n")
     size_mb = (dest / "adapter.safetensors").stat().st_size / 2**20
     if size_mb > ADAPTER_MAX_MB:
         raise SystemExit(f"adapter is {size_mb:.1f} MB > {ADAPTER_MAX_MB} MB: not shippable")
