@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if json.loads((args.run / "config.json").read_text()).get("base"):
-        ship_adapted(args.run, args.dest, args.which, args.prompt_tokens or 384)  # a LoRA run over a pretrained base
+        ship_adapted(args.run, args.dest, args.which, args.prompt_tokens or 384)  # LoRA over a base
         return 0
     ship(args.run, args.dest, args.force, args.prompt_tokens, args.which)
     return 0
