@@ -63,17 +63,24 @@ class ActionSpec:
         try:
             spec = cls(
                 action=str(data["action"]),
-                start=int(data["start"]),
-                end=int(data["end"]),
+                start=_whole(data["start"]),
+                end=_whole(data["end"]),
                 uri=str(data["uri"]),
-                version=int(data["version"]),
+                version=_whole(data["version"]),
                 detail=str(data.get("detail", "")),
             )
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError):
             return None
         if spec.start < 0 or spec.end < spec.start:
             return None
         return spec
+
+
+def _whole(value: Any) -> int:
+    """We sent integers; anything else (1e400, 2.5, "3", true) was not ours."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}"[:80])
+    return value
 
 
 def _line_bounds(text: str, start: int, end: int) -> tuple[int, int]:

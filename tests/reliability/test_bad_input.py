@@ -233,3 +233,20 @@ def test_ten_megabyte_file(served):
     served.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
     print(f"10 MB file: open, complete, edit, check in {time.monotonic() - started:.1f}s")
     _alive(served)
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1e400", b"NaN", b"2.5", b"1" + b"0" * 400, b'"3"', b"true"])
+def test_numbers_that_are_not_integers_in_echoed_action_data(served, number):
+    """Code-action data comes back from the client; 1e400 (infinite) used to be an internal error."""
+    served.notify("textDocument/didOpen", open_params(URI, "def f(x):\n    return \n"))
+    data = b'{"action": "fill", "start": %s, "end": 5, "uri": "%s", "version": 1}' % (number, URI.encode())
+    resolve = (
+        b'{"jsonrpc": "2.0", "id": 71, "method": "codeAction/resolve", "params": {"title": "t", "data": %s}}'
+    )
+    served.send_bytes(frame(resolve % data))
+    assert "edit" not in served.wait_response(71, timeout=30)["result"]
+    command = b'{"jsonrpc": "2.0", "id": 72, "method": "workspace/executeCommand", "params": '
+    command += b'{"command": "dg-lsp.applyAction", "arguments": [%s]}}' % data
+    served.send_bytes(frame(command))
+    assert served.wait_response(72, timeout=30)["result"]["applied"] is False
+    _alive(served)
