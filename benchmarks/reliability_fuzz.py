@@ -48,6 +48,21 @@ FOUND = [
         "positions off (pygls splitlines, UTF-16 only)",
         "LSP rules",
     ),
+    (
+        "HTTP request (a browser's no-cors POST) before the first frame",
+        "request line skipped, HTTP body run as initialize",
+        "connection closed unanswered, logged once",
+    ),
+    ("connect-and-close before the editor (TCP)", "server exited with code 0", "keeps listening"),
+    (
+        "1e400 in initializationOptions",
+        "initialize failed, -32603 with a traceback",
+        "invalid setting, named",
+    ),
+    ("seed 2^70, debounceMs 1e9 in settings", "accepted; every completion failed / never answered", "named"),
+    ("10**400 for a real-valued masked option", "OverflowError, internal-error popup", "invalid setting"),
+    ("1e400 in echoed code-action data", "OverflowError, -32603", "no edit, applied: false"),
+    ("a request after shutdown", "never answered", "-32600"),
 ]
 
 
@@ -72,6 +87,8 @@ def main() -> int:
                 "no:cacheprovider",
                 "-o",
                 "timeout=0",
+                "-m",
+                "slow or not slow",  # the main fuzz test is marked slow for the default suite
                 "tests/reliability/test_protocol_fuzz.py",
             ],
             cwd=ROOT,
@@ -104,11 +121,14 @@ Date: {dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
 Machine: {machine}
 
 Hypothesis batches of 10-40 messages (well-shaped LSP with hostile values: huge/negative positions,
-lone surrogates, NULs, emoji, reversed ranges, unknown URIs and methods; params replaced by arbitrary
-JSON; notifications sent as requests) plus up to 3 raw frames (arbitrary bytes, wrong or huge
-Content-Length, no header, other header names), then a sync request. Passed: every request answered
-once, no internal error, no user-visible error, valid frames only, clean shutdown. Wall time includes
-building the tiny model and starting the server.
+numbers of 10^400 and infinities written as 1e400, lone surrogates, NULs, emoji, reversed ranges,
+unknown URIs and methods; params replaced by arbitrary JSON; notifications sent as requests) plus up to
+3 raw frames (arbitrary bytes, wrong or huge Content-Length, no header, other header names), then a
+sync request. Passed: every request answered once, no internal error, no user-visible error, valid
+frames only, clean shutdown. Settings changes with hostile numbers must each be named as an invalid
+setting. A TCP server that waits for its editor gets HTTP-shaped requests, HTTP headers before a frame,
+garbage and early disconnects, one fresh connection each: every one closed unanswered, then the editor
+is served. Wall time includes building the tiny model and starting the servers.
 
 | figure | value |
 |---|---|
