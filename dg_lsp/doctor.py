@@ -7,7 +7,7 @@ import sys
 import time
 
 from dg_lsp import __version__
-from dg_lsp.settings import Settings
+from dg_lsp.settings import HOW_TO_TRUST, LocalPolicy, Settings, config_path
 
 
 def _line(ok: bool | None, name: str, detail: str) -> None:
@@ -15,9 +15,26 @@ def _line(ok: bool | None, name: str, detail: str) -> None:
     print(f"[{mark}] {name:<14} {detail}")
 
 
-def run_doctor(settings: Settings) -> int:
+def _policy_lines(policy: LocalPolicy) -> int:
+    """What the user allowed locally, and what is wrong with the config file (counted as problems)."""
+    where = config_path()
+    _line(True, "config", f"{where}" if where.exists() else f"{where} (none)")
+    for problem in policy.problems:
+        _line(False, "config", problem)
+    if policy.trust_remote_code:
+        _line(None, "remote code", "allowed: a model directory's own Python code may run")
+    else:
+        _line(True, "remote code", f"off. {HOW_TO_TRUST}")
+    engines = ", ".join(sorted(policy.remote_engines)) or "none"
+    _line(True, "remote engines", f"allowed: {engines}")
+    return len(policy.problems)
+
+
+def run_doctor(settings: Settings, policy: LocalPolicy | None = None) -> int:
     problems = 0
     _line(True, "dg-lsp", f"{__version__} on Python {platform.python_version()} ({sys.executable})")
+    policy = policy if policy is not None else LocalPolicy.load(settings.trust_remote_code, settings.model)
+    problems += _policy_lines(policy)
     try:
         import torch
 

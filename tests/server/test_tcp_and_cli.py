@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -158,3 +159,19 @@ def test_doctor_fails_on_missing_model(tmp_path):
     out = _dg("doctor", "--model", str(tmp_path / "nope"))
     assert out.returncode == 1
     assert "model directory not found" in out.stdout
+
+
+def test_doctor_says_what_the_user_allowed_and_what_is_wrong_with_the_config(tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("trust_remote_code = [\n")
+    env = {**os.environ, "DG_LSP_CONFIG": str(config), "DG_LSP_TRUST_REMOTE_CODE": ""}
+    command = [sys.executable, "-m", "dg_lsp", "doctor", "--model", str(tmp_path / "nope")]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert "[FAIL] config" in out.stdout and "not valid TOML" in out.stdout
+    assert "[ok  ] remote code    off. To allow it" in out.stdout
+    config.write_text('remote_engines = ["http://team:8765"]\n')
+    out = subprocess.run(
+        [*command, "--trust-remote-code"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert "[warn] remote code    allowed" in out.stdout
+    assert "allowed: http://team:8765" in out.stdout and "[FAIL] config" not in out.stdout
