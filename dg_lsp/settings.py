@@ -211,6 +211,12 @@ def _buckets(value: Any) -> list[int]:
     return [whole_number(v, 1, 1024) for v in value]
 
 
+def _one_of(value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"must be one of {list(choices)}, got {_shown(value)}")
+    return value
+
+
 def _commit_rules(value: Any) -> list[str]:
     """`"factor"`, `"factor:1.5,prophet"` or a list of such names: checked by the sampler's own parser
     (imported lazily: settings stay free of torch)."""
@@ -238,6 +244,7 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "block_length": _optional(lambda v: whole_number(v, 1, 1024)),
     "commit": _optional(lambda v: _commit_rules(v)),
     "stops_in_quota": _boolean,
+    "schedule": lambda v: _one_of(v, ("even", "dream")),
     "min_capped_steps": lambda v: whole_number(v, 1, 512),
 }
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""

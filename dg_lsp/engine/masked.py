@@ -81,7 +81,11 @@ class MaskedSamplerConfig:
     once. 0 allows empty results."""
     block_length: int | None = None
     """Semi-autoregressive blocks (LLaDA, Fast-dLLM): unmask only inside the leftmost block that still has
-    masks, the steps shared among blocks. None = the whole canvas at once."""
+    masks, each block given an even share of the steps up front (LLaDA's allotment). None = the whole
+    canvas at once."""
+    schedule: str = "even"
+    """How many masks the quota commits per step: `even` (LLaDA: the remaining masks spread evenly over
+    the remaining steps) or `dream` (Dream's timestep schedule, int(n(1 - s/t)) on linspace(1, 1e-3))."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
@@ -102,6 +106,8 @@ class MaskedSamplerConfig:
         if steps and "steps" not in kwargs:
             kwargs["steps"] = int(steps)
         cfg = cls(**kwargs)
+        if cfg.schedule not in ("even", "dream"):
+            raise ValueError("masked.schedule must be 'even' or 'dream'")
         if cfg.confidence not in sampler.CONFIDENCE_KINDS:
             raise ValueError(f"masked.confidence must be one of {sampler.CONFIDENCE_KINDS}")
         return cfg
@@ -306,8 +312,11 @@ class MaskedDiffusionEngine(LocalEngine):
         if request.deadline_ms is not None and self.ms_per_step:
             capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
             steps = max(capped, min(steps, cfg.min_capped_steps))
+        allot: list[int] = []
         if block:
             steps = max(steps, -(-length // block))  # at least one pass per block
+            allot = sampler.block_allotment(steps, -(-length // block))
+        used = [0] * len(allot)
         stats.step_cap = steps
         rules = commit_rules.build(self.rule_specs())  # from cfg per request: settings may change it
         gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
@@ -358,15 +367,26 @@ class MaskedDiffusionEngine(LocalEngine):
                 active = masked
                 if cfg.stop_at_frontier:
                     active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
-                steps_left = steps - step
+                steps_left, step_in, steps_of = steps - step, step, steps
                 if block:
-                    active = active & sampler.block_window(masked, block)
-                    steps_left = max(1, steps_left // sampler.blocks_left(masked, block))
+                    window = sampler.block_window(masked, block)
+                    active = active & window
+                    first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
+                    b = min(int(first) // block, len(allot) - 1)
+                    step_in, steps_of = used[b], allot[b]
+                    steps_left = max(1, steps_of - step_in)
+                    used[b] += 1
                 pool = masked if cfg.stops_in_quota else active
                 if block:
-                    pool = pool & sampler.block_window(masked, block)
-                need = sampler.quota(int(pool.sum(dim=-1).max()), steps_left)
-                at_quota = sampler.select_commits(conf, active, need, None)
+                    pool = pool & window
+                n_pool = int(pool.sum(dim=-1).max())
+                if cfg.schedule == "dream":
+                    need = sampler.dream_quota(n_pool, step_in, steps_of)
+                else:
+                    need = sampler.quota(n_pool, steps_left)
+                # Dream's schedule may commit nothing at an early step, as its reference does
+                one = cfg.schedule != "dream"
+                at_quota = sampler.select_commits(conf, active, need, None, at_least_one=one)
                 commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)
                 canvas = x[:, span]
                 canvas[commit] = pred[commit]

@@ -52,8 +52,29 @@ def quota(num_masked: int, steps_left: int) -> int:
     return math.ceil(num_masked / max(1, steps_left))
 
 
+def block_allotment(steps: int, n_blocks: int) -> list[int]:
+    """Steps per semi-autoregressive block, as LLaDA allots them: an even share each (remainder to the
+    earliest blocks), fixed up front, so the last block is never starved by the earlier ones."""
+    base, extra = divmod(max(steps, n_blocks), n_blocks)
+    return [base + (1 if i < extra else 0) for i in range(n_blocks)]
+
+
+def dream_quota(num_masked: int, step: int, steps: int, eps: float = 1e-3) -> int:
+    """Dream's `diffusion_generate` schedule: on timesteps linspace(1, eps, steps + 1), step i (t -> s)
+    commits int(n * (1 - s / t)) of the n masks left, and the last step all of them."""
+    if step >= steps - 1:
+        return num_masked
+    t = 1 - (1 - eps) * step / steps
+    s = 1 - (1 - eps) * (step + 1) / steps
+    return int(num_masked * (1 - s / t))
+
+
 def select_commits(
-    conf: torch.Tensor, masked: torch.Tensor, minimum: int, threshold: float | None = None
+    conf: torch.Tensor,
+    masked: torch.Tensor,
+    minimum: int,
+    threshold: float | None = None,
+    at_least_one: bool = True,
 ) -> torch.Tensor:
     """Positions to unmask this step, per row: every masked position above `threshold`, at least `minimum`
     (the most confident ones), never a position that is already committed.
@@ -65,7 +86,8 @@ def select_commits(
     if threshold is not None:
         chosen = masked & (conf >= threshold)
     n_masked = masked.sum(dim=-1)
-    need = torch.clamp(torch.minimum(torch.full_like(n_masked, max(minimum, 1)), n_masked), min=0)
+    floor = max(minimum, 1) if at_least_one else max(minimum, 0)
+    need = torch.clamp(torch.minimum(torch.full_like(n_masked, floor), n_masked), min=0)
     k_max = int(need.max().item()) if need.numel() else 0
     if k_max > 0:
         idx = conf.topk(k_max, dim=-1).indices

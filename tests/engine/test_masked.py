@@ -385,3 +385,38 @@ def test_a_tight_budget_never_cuts_an_automatic_request_below_two_steps_nor_an_i
     masked_engine.ms_per_step = 1000.0
     full = masked_engine.infill(dataclasses.replace(invoked, steps=8, max_tokens=8))
     assert full.stats.step_cap == 8
+
+
+def sure_word_model(engine, request, length, word):
+    """Every canvas position believes `word`, rightmost surest: no stops, so only the schedule decides."""
+    _ids, start = engine.canvas(request, length)
+
+    def hook(_module, _args, _kwargs, out):
+        logits = out.logits
+        logits[:, start : start + length] = -10.0
+        logits[:, start : start + length, word] = torch.linspace(1.0, 2.0, length)
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+def test_blocks_get_their_steps_up_front_as_llada_allots_them(masked_engine):
+    """Canvas 16, blocks of 8, 8 steps: LLaDA's generate commits [2, 2, 2, 2 | 2, 2, 2, 2]; sharing the steps
+    left among the blocks left gave [2, 2, 2, 1, 1 | 3, 3, 2]."""
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=8)
+    infill_shaped(masked_engine, sure_word_model, req, word, length=16, block_length=8, threshold=None)
+    assert masked_engine.last_commits == [2] * 8
+
+
+def test_dream_schedule_commits_int_n_times_one_minus_s_over_t(masked_engine):
+    word = masked_engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    req = InfillRequest(PREFIX, SUFFIX, max_tokens=16, steps=4)
+    infill_shaped(masked_engine, sure_word_model, req, word, length=16, schedule="dream", threshold=None)
+    expected, left = [], 16
+    for i in range(4):
+        t, s = 1 - 0.999 * i / 4, 1 - 0.999 * (i + 1) / 4
+        n = left if i == 3 else int(left * (1 - s / t))
+        expected.append(n)
+        left -= n
+    assert masked_engine.last_commits == expected == [3, 4, 4, 5]
