@@ -114,7 +114,7 @@ def main() -> int:
     found = "\n".join(f"| {a} | {b} | {c} |" for a, b, c in FOUND)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "reliability_fuzz.md").write_text(
-        f"""# Protocol fuzzing: one real dg-lsp process, {stats["messages"]} generated messages
+        f"""# Protocol fuzzing: real dg-lsp processes, {stats["messages"]} generated messages
 
 Command: `{command}`
 Date: {dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")}
