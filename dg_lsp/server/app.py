@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import uuid
+from collections import OrderedDict
 from typing import Any
 
 from lsprotocol import types
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 APPLY_ACTION_COMMAND = "dg-lsp.applyAction"
 CLIENT_POLL_S = 2.0
+MAX_TOLD = 1024
 
 
 def process_alive(pid: int) -> bool:
@@ -89,7 +91,7 @@ class DgLanguageServer(LanguageServer):
         self.policy = policy if policy is not None else LocalPolicy.load()
         self.docs = DocumentStore()
         self.worker = ModelWorker()
-        self._told: set[str] = set()
+        self._told: OrderedDict[str, None] = OrderedDict()
         self._loaded_settings: Settings | None = None
         self._load_task: asyncio.Task | None = None
         self._watch_task: asyncio.Task | None = None
@@ -102,8 +104,11 @@ class DgLanguageServer(LanguageServer):
         """Show a message at most once per key: a broken model must not spam every keystroke."""
         log.log(logging.ERROR if kind == types.MessageType.Error else logging.WARNING, "%s", message)
         if key in self._told:
+            self._told.move_to_end(key)
             return
-        self._told.add(key)
+        self._told[key] = None
+        if len(self._told) > MAX_TOLD:  # a client sending ever new bad values must not grow this set
+            self._told.popitem(last=False)
         try:
             self.window_show_message(types.ShowMessageParams(type=kind, message=f"dg-lsp: {message}"))
         except Exception:  # no client connected (tests, shutdown): the log line above is enough
