@@ -135,6 +135,14 @@ def detect_backend(config: dict) -> str:
     )
 
 
+def masked_options(settings: Settings) -> dict:
+    """Only the checked `masked` setting reaches the sampler: given a mapping without a `masked` key,
+    `MaskedSamplerConfig.from_options` reads the mapping itself, and unknown top-level keys (kept in
+    `extra` unchecked) would pass as sampler options (`{"buckets": [10**9]}`)."""
+    masked = settings.extra.get("masked")
+    return {"masked": masked if isinstance(masked, dict) else {}}
+
+
 def load_engine(settings: Settings) -> InfillEngine:
     """Load the model named by `settings`; raise `ModelLoadError` with a user-readable reason."""
     if settings.model.startswith("remote:") or settings.backend == "remote":
@@ -154,7 +162,7 @@ def load_engine(settings: Settings) -> InfillEngine:
             backend = detect_backend(config)
         if backend not in BACKENDS:
             raise ModelLoadError(f"unknown backend {backend!r}; expected auto or one of {BACKENDS}")
-        opts = settings.extra or {}
+        opts = masked_options(settings)
         if backend == "diffusion-gemma":
             from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
 

@@ -153,3 +153,17 @@ def test_a_bad_config_file_allows_nothing_and_says_why(tmp_path, make):
     policy = LocalPolicy.load(environ={"DG_LSP_CONFIG": str(path)})  # returns at once, even for a FIFO
     assert not policy.trust_remote_code and not policy.remote_engines
     assert policy.problems and all(p for p in policy.problems)
+
+
+def test_only_the_checked_masked_setting_reaches_the_sampler():
+    from dg_lsp.engine.loader import masked_options
+    from dg_lsp.engine.masked import MaskedSamplerConfig
+
+    merged, errors = Settings.merge({"buckets": [10**9], "threshold": 5, "masked": {"minTokens": 2}})
+    assert errors == []  # unknown top-level keys are kept for newer editors, not checked...
+    config = MaskedSamplerConfig.from_options(masked_options(merged))
+    assert config.buckets == MaskedSamplerConfig().buckets and config.threshold == 0.9  # ...nor used
+    assert config.min_tokens == 2
+    assert MaskedSamplerConfig.from_options(masked_options(Settings.merge({"buckets": [9]})[0])).buckets != (
+        9,
+    )
