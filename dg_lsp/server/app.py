@@ -76,9 +76,16 @@ class DgProtocol(LanguageServerProtocol):
         yield from self._user(types.TEXT_DOCUMENT_DID_CLOSE, params)
 
     def _send_response(self, msg_id: Any, result: Any = None, error: Any = None) -> None:
-        """pygls puts a handler's traceback (file paths, source lines) into internal-error responses;
-        it stays in the log."""
-        if error is not None and getattr(error, "data", None) is not None:
+        """pygls puts a handler's traceback (file paths, source lines) and exception text into
+        internal-error responses; they stay in the log."""
+        if error is not None and error.code == transport.INTERNAL_ERROR:
+            # pygls's message is the exception's own text, which can name files; the type name is enough.
+            log.warning("internal error answered to the client: %s", error.message)
+            kind = str(error.message).split(":", 1)[0].strip()[:60] or "error"
+            error = types.ResponseError(
+                code=error.code, message=f"Internal error ({kind}); see the server log"
+            )
+        elif error is not None and getattr(error, "data", None) is not None:
             log.debug("error data kept from the client: %s", error.data)
             error = types.ResponseError(code=error.code, message=error.message)
         super()._send_response(msg_id, result, error)

@@ -26,7 +26,7 @@ import sys
 import threading
 from typing import Any, BinaryIO, Protocol
 
-from pygls.exceptions import JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ def dispatch(protocol: Any, body: bytes) -> None:
         if reply_id is not None:
             # The reason is in the log; tracebacks and file paths stay on this machine.
             message = f"Internal error ({type(exc).__name__}); see the server log"
-            send_error(protocol, reply_id, JsonRpcInternalError.code, message)
+            send_error(protocol, reply_id, INTERNAL_ERROR, message)
 
 
 def _describe(exc: BaseException) -> str:
