@@ -48,7 +48,9 @@ class DenoiseConfig:
     confidence_threshold: float = 0.005
 
     @classmethod
-    def from_generation_config(cls, gc, steps: int) -> DenoiseConfig:
+    def from_generation_config(cls, gc, steps: int | None) -> DenoiseConfig:
+        """`steps` 0/None: the checkpoint's own `max_denoising_steps` (what `generate()` runs), else 12."""
+
         def pick(name, default):
             value = getattr(gc, name, None) if gc is not None else None
             return default if value is None else value
@@ -58,7 +60,7 @@ class DenoiseConfig:
         if isinstance(sc, dict):
             bound = sc.get("entropy_bound")
         return cls(
-            steps=steps,
+            steps=int(steps or pick("max_denoising_steps", cls.steps)),
             t_min=float(pick("t_min", cls.t_min)),
             t_max=float(pick("t_max", cls.t_max)),
             entropy_bound=float(bound if bound is not None else cls.entropy_bound),

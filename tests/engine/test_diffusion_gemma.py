@@ -185,3 +185,19 @@ def test_chat_prompt_for_instruction_checkpoints(dg_engine):
     text = tok.decode(ids)
     assert "```\nx = " + CURSOR + "\nprint(x)\n```" in text
     assert text.rstrip().endswith("model")
+
+
+def test_zero_steps_means_the_checkpoints_own_max_denoising_steps(tiny_dg_dir, tmp_path):
+    import json
+    import shutil
+
+    from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
+
+    model = tmp_path / "dg"
+    shutil.copytree(tiny_dg_dir, model)
+    gc_path = model / "generation_config.json"
+    gc = json.loads(gc_path.read_text()) if gc_path.exists() else {}
+    gc["max_denoising_steps"] = 7
+    gc_path.write_text(json.dumps(gc))
+    assert DiffusionGemmaEngine(model, steps=0).denoise.steps == 7
+    assert DiffusionGemmaEngine(model, steps=5).denoise.steps == 5
