@@ -23,6 +23,7 @@ export const SERVER_SETTINGS: Readonly<Record<string, SettingKind>> = Object.fre
     enabledLanguages: 'stringList',
     trustRemoteCode: 'boolean',
     seed: 'count',
+    threads: 'count',
 });
 
 /** Reads one key below the `dgLsp` section, e.g. `read('maxTokens')`; `undefined` when unset. */

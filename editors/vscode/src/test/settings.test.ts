@@ -32,6 +32,7 @@ test('every server setting passes through in camelCase', () => {
         enabledLanguages: ['python', 'rust'],
         trustRemoteCode: true,
         seed: 7,
+        threads: 2,
     };
     const { settings, problems } = mapServerSettings(reader(values));
     assert.deepEqual(problems, []);
