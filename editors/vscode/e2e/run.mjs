@@ -105,6 +105,8 @@ record.versions = {
     dgLsp: which ? spawnSync(which, ['--version'], { encoding: 'utf8' }).stdout.trim() : null,
 };
 record.machine = { cores: cpus().length, loadavg: loadavg().map((x) => x.toFixed(2)) };
+const git = spawnSync('git', ['-C', REPO, 'describe', '--always', '--dirty'], { encoding: 'utf8' });
+record.commit = git.stdout.trim() || null; // -dirty: run from a working tree with uncommitted changes
 step(`versions ${JSON.stringify(record.versions)}; dg-lsp at ${which || '(not on PATH)'}`);
 
 let server;
