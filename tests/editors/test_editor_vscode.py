@@ -103,7 +103,7 @@ def test_latest_real_vscode_run_passed() -> None:
     assert "Code 1.100" in record["versions"]["codeServer"]
     inserted = record["accepted"]["inserted"]
     assert inserted and inserted.strip() == record["ghost"]["text"].strip()
-    for png in ("ghost-text.png", "accepted.png", "missing-server.png"):
+    for png in ("ghost-text.png", "accepted.png", "missing-server.png", "model-failed.png"):
         assert (E2E_RESULTS / png).read_bytes()[:4] == b"\x89PNG", png
 
 

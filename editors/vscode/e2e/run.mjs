@@ -1,13 +1,15 @@
 // End-to-end test of the dg-lsp VS Code extension in real VS Code (code-server, in headless Chromium),
-// as a user gets it: the packaged .vsix installed, `dg-lsp` on PATH, no editor settings changed.
+// as a user gets it: the packaged .vsix installed, no editor settings changed.
 //
-// It opens a Python file, types at a cursor, waits for dg-lsp's ghost text to appear on its own
+// First the server is missing (the user must be told how to install it); then `dgLsp.server.path`
+// names the installed `dg-lsp`. It opens a Python file, types at a cursor, waits for dg-lsp's ghost text to appear on its own
 // (no "Trigger Inline Suggestion"), presses Tab, saves, and checks that the file holds the whole
-// infill that was shown. Screenshots and a JSON record go to --out (default editors/vscode/e2e/results).
+// infill that was shown; then that a model that cannot load shows as failed. Screenshots and a JSON
+// record go to --out (default editors/vscode/e2e/results).
 //
 //   bash editors/vscode/e2e/setup.sh          # once: code-server, playwright-core, chromium
 //   (cd editors/vscode && npm run package)    # the .vsix under test
-//   node editors/vscode/e2e/run.mjs           # dg-lsp must be on PATH (or --server-bin DIR)
+//   node editors/vscode/e2e/run.mjs           # the dg-lsp on PATH, or --server-bin DIR
 //
 // Exit code 0 when every check passed; the JSON record says which failed otherwise.
 import { spawn, spawnSync } from 'node:child_process';
@@ -71,7 +73,7 @@ writeFileSync(file, original);
 // Only what any fresh install would also have off: the welcome page, trust prompt, telemetry.
 // No editor.* setting: ghost text must work with the extension's own defaults.
 const settingsFile = join(userData, 'User', 'settings.json');
-const writeSettings = (serverPath) =>
+const writeSettings = (serverPath, extra = {}) =>
     writeFileSync(
         settingsFile,
         JSON.stringify(
@@ -85,6 +87,7 @@ const writeSettings = (serverPath) =>
                 // VS Code's server replaces PATH with the login shell's, so the server is named by path
                 // (a documented setting) rather than through PATH.
                 'dgLsp.server.path': serverPath,
+                ...extra,
             },
             null,
             2,
@@ -289,6 +292,24 @@ try {
         shown: ghostText,
         inserted,
     });
+
+    // Phase 3: a model that cannot load. The server keeps running; the status bar must say so.
+    const badModel = join(work, 'no-such-model');
+    writeSettings(which, { 'dgLsp.model': badModel });
+    await page.waitForTimeout(2000);
+    await page.reload();
+    await page.waitForSelector('.monaco-workbench .part.statusbar');
+    const failedStatus = await waitFor(statusText, (t) => /model failed/.test(t), 120_000);
+    const failedToasts = await waitFor(toasts, (ts) => ts.some((t) => t.includes('could not load model')), 20_000);
+    await page.screenshot({ path: join(OUT, 'model-failed.png') });
+    record.modelFailed = { status: failedStatus, toasts: failedToasts };
+    step(`bad model: status ${JSON.stringify(failedStatus)}`);
+    check('failed model load: status bar says model failed', /model failed/.test(failedStatus), failedStatus);
+    check(
+        'failed model load: the server says why',
+        failedToasts.some((t) => t.includes(badModel)),
+        failedToasts,
+    );
     exitCode = Object.values(record.checks).every((c) => c.ok) ? 0 : 1;
 } catch (err) {
     record.error = String(err?.stack ?? err);
