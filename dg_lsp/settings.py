@@ -44,7 +44,7 @@ NUMBER_BOUNDS: dict[str, tuple[int, int]] = {
 
 MAX_STRING = 4096
 MAX_LANGUAGES = 256
-CONFIDENCE_KINDS = ("max_prob", "margin", "entropy")
+CONFIDENCE_KINDS = ("max_prob", "margin", "entropy", "leftmost")
 """Mirrors `dg_lsp.engine.sampler.CONFIDENCE_KINDS` without importing torch into settings."""
 
 

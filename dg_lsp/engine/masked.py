@@ -45,7 +45,7 @@ class MaskedSamplerConfig:
     steps: int = 12
     """Upper bound on denoising passes per canvas (also capped by the latency budget)."""
     confidence: str = "max_prob"
-    """`max_prob`, `margin` (top-1 minus top-2) or `entropy`."""
+    """How the quota ranks masks: `max_prob`, `margin` (top-1 minus top-2), `entropy` or `leftmost`."""
     threshold: float | None = 0.9
     """Commit every position at least this confident; None = pure schedule (quota only). The `threshold`
     commit rule's parameter when `commit` names it without one."""

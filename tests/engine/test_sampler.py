@@ -114,3 +114,11 @@ def test_masked_sampler_options_accept_camel_case():
 
     cfg = MaskedSamplerConfig.from_options({"masked": {"blockLength": 8, "stopAtFrontier": False, "x": 1}})
     assert cfg.block_length == 8 and cfg.stop_at_frontier is False
+
+
+def test_leftmost_confidence_ranks_by_position_only():
+    logits = torch.randn(2, 5, 11)
+    conf = sampler.confidence(logits, "leftmost")
+    masked = torch.tensor([[False, True, True, True, True], [True, True, False, True, True]])
+    chosen = sampler.select_commits(conf, masked, 2)
+    assert chosen.tolist() == [[False, True, True, False, False], [True, True, False, False, False]]
