@@ -31,8 +31,11 @@ SETTINGS = {
     "confidence=entropy": ['confidence="entropy"'],
     "threshold=0.8": ["threshold=0.8"],
 }
-METRICS = ("nonempty_parsing", "shown", "parsing_when_shown", "edit_similarity", "balanced_brackets",
-           "context_identifiers", "mean_forward_passes")  # fmt: skip
+METRICS = ("pass@1", "line_exact", "nonempty_parsing", "shown", "parsing_when_shown", "edit_similarity",
+           "balanced_brackets", "context_identifiers", "mean_forward_passes", "passes_per_token",
+           "p50_ms")  # fmt: skip
+PLAIN = ("mean_forward_passes", "passes_per_token", "p50_ms")
+"""Metrics reported as they are; the others are shares, shown as percentages."""
 
 
 def run_setting(name: str, options: list[str], args: argparse.Namespace, out: Path) -> dict:
@@ -47,6 +50,7 @@ def run_setting(name: str, options: list[str], args: argparse.Namespace, out: Pa
         "--multi-every", str(args.multi_every),
         "--light-every", str(args.light_every),
         "--steps", str(args.steps),
+        "--max-tokens", str(args.max_tokens),
         "--out", str(out / name.replace("=", "_")),
     ]  # fmt: skip
     for option in options:
@@ -79,6 +83,7 @@ def _plot(results: dict[str, dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(common.ROOT / "dg_lsp/models/embedded"))
+    ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument(
         "--setting",
         action="append",
@@ -123,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for suite, first in next(iter(results.values())).items():
         for metric in METRICS:
-            vals = [r[suite][metric] * (1 if metric.startswith("mean") else 100) for r in results.values()]
+            if metric not in first:
+                continue
+            scale = 1 if metric in PLAIN else 100
+            vals = [r[suite].get(metric, float("nan")) * scale for r in results.values()]
             rows.append([f"{suite} ({first['tasks']})", metric, *vals])
     lines += common.md_table(["suite (tasks)", "metric", *results], rows, "ll" + "r" * len(results))
     lines += ["", "![sampler sweep](sampler_sweep.png)", ""]
