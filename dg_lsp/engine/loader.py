@@ -123,6 +123,10 @@ def detect_backend(config: dict) -> str:
     names = [a.lower() for a in archs] + [model_type]
     if any("diffusiongemma" in n or n == "diffusion_gemma" for n in names):
         return "diffusion-gemma"
+    from dg_lsp.models.native import family_from_config
+
+    if family_from_config(config):  # Dream family, LLaDA: loaded natively (dg_lsp/models/native.py)
+        return "masked"
     if any(n.endswith("formaskedlm") for n in names) or any(h in n for n in names for h in MASKED_ARCH_HINTS):
         return "masked"
     if config.get("use_bidirectional_attention") is True and config.get("mask_token_id") is not None:

@@ -34,6 +34,7 @@ from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
+from dg_lsp.models import native
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +145,12 @@ class MaskedDiffusionEngine(LocalEngine):
         self.device = torch.device(device)
         raw = json.loads((self.model_dir / "config.json").read_text())
         self.cfg = sampler or MaskedSamplerConfig()
-        self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else detect_logits_shift(raw)
         self.quantization = quant.resolve_kind(quantization, self.device)
         self.layout = layouts.layout_of(raw)
+        # Dream family / LLaDA: built-in layers, no code from the model directory (dg_lsp/models/native.py)
+        self.family = native.family_of(self.model_dir, raw) if self.layout == "native" else None
+        shift = native.FAMILIES[self.family].logits_shift if self.family else detect_logits_shift(raw)
+        self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else shift
         kwargs: dict[str, Any] = {
             "trust_remote_code": trust_remote_code,
             "dtype": quant.default_dtype(self.device),
@@ -154,7 +158,11 @@ class MaskedDiffusionEngine(LocalEngine):
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head", "decoder"])
             kwargs["device_map"] = str(self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
+        trust = trust_remote_code
+        if self.family:
+            self.tokenizer = native.load_tokenizer(self.model_dir, trust_remote_code=trust)
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
         archs = [str(a) for a in raw.get("architectures") or []]
         loader = AutoModel  # LLaDA/Dream remote code maps AutoModel to their LM class
         if any(a.endswith("ForMaskedLM") for a in archs):
@@ -163,6 +171,10 @@ class MaskedDiffusionEngine(LocalEngine):
             loader = AutoModelForCausalLM
         if self.layout in layouts.PACKED_LAYOUTS:
             self.model = layouts.load_packed_model(self.model_dir, layouts.packed_dtype(self.device))
+        elif self.family:
+            if self.quantization in ("8bit", "nf4"):
+                raise ValueError(f"quantization {self.quantization!r} is not available for native models")
+            self.model = native.load_native(self.model_dir, dtype=kwargs["dtype"], family=self.family)
         else:
             self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
         if self.quantization == "int8":
@@ -172,6 +184,8 @@ class MaskedDiffusionEngine(LocalEngine):
         mask_id = self.tokenizer.mask_token_id
         if mask_id is None:
             mask_id = raw.get("mask_token_id")
+        if mask_id is None and self.family:
+            mask_id = native.FAMILIES[self.family].mask_token_id
         if mask_id is None:
             raise ValueError("masked backend: the tokenizer/config defines no mask token")
         self.mask_id = int(mask_id)
@@ -214,7 +228,15 @@ class MaskedDiffusionEngine(LocalEngine):
             "confidence": self.cfg.confidence,
             "threshold": str(self.cfg.threshold),
             "dual_cache": str(self.cfg.dual_cache and self.supports_kv),
+            **({"native_family": self.family} if self.family else {}),
+            **({} if self.cfg.dual_cache and self.supports_kv else {"dual_cache_off": self.dual_cache_off()}),
         }
+
+    def dual_cache_off(self) -> str:
+        """Why the dual cache is off, for `doctor` and the stats."""
+        if not self.cfg.dual_cache:
+            return "masked.dualCache is false"
+        return "this model's forward takes no KV cache (or rejected it); every step is a full pass"
 
     def warmup(self) -> None:
         self.newline_ids()  # per-model tables, built here rather than on the first keystroke
