@@ -200,9 +200,9 @@ async def read_frames(
     while stop is None or not stop.is_set():
         try:
             if proven or first_frame_timeout is None:
-                length = await _read_header(source, proven)
+                length, body = await _read_frame(source, proven)
             else:
-                length = await asyncio.wait_for(_read_header(source, proven), first_frame_timeout)
+                length, body = await asyncio.wait_for(_read_frame(source, proven), first_frame_timeout)
         except Rejected as exc:
             line = exc.args[0]
             log.warning("closing the connection: not an LSP header (%s): %r", _kind(line), line[:80])
@@ -212,18 +212,26 @@ async def read_frames(
             return REJECTED
         if length is None:
             return END
-        if length > MAX_MESSAGE_BYTES:
+        if body is None:
             # Most likely a corrupt header: answer, then resynchronise on the next header instead of
             # swallowing everything the client sends afterwards as one impossible body.
             log.warning("refusing a %d-byte message (limit %d)", length, MAX_MESSAGE_BYTES)
             send_error(protocol, None, INVALID_REQUEST, f"message of {length} bytes exceeds the limit")
             continue
-        body = await _read_exactly(source, length)
-        if body is None:
-            return END
         proven = True
         dispatch(protocol, body)
     return STOPPED
+
+
+async def _read_frame(source: Source, proven: bool) -> tuple[int | None, bytes | None]:
+    """(length, body) of the next frame; (None, None) at end of stream, (length, None) over the limit."""
+    length = await _read_header(source, proven)
+    if length is None:
+        return None, None
+    if length > MAX_MESSAGE_BYTES:
+        return length, None
+    body = await _read_exactly(source, length)
+    return (length, body) if body is not None else (None, None)
 
 
 async def _read_header(source: Source, proven: bool) -> int | None:

@@ -196,7 +196,9 @@ def test_tcp_survives_probes_browsers_and_garbage_then_serves_its_editor(tcp_ser
         browser_post(attack_init, port),
         browser_post(_message("initialized", params={}), port),
         b"Host: 127.0.0.1\r\n" + frame(attack_init),
-        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello's first bytes
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\n",  # a TLS ClientHello's first bytes
+        # A real header, then half the body and silence: it would hold the only client slot for good.
+        b"Content-Length: 500\r\n\r\n{",
         b"GET / HTTP/1.0\r\n\r\n",
     ]
     for data in attacks:
