@@ -56,7 +56,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "dream": Family(
         "dream",
-        "Dream-v0 Base/Instruct 7B, Dream-Coder-v0 7B, DiffuCoder-7B, DreamOn-v0 7B, Open-dCoder 0.5B",
+        "Dream-v0 Base/Instruct 7B, Dream-Coder-v0 7B, DiffuCoder-7B, DreamOn-v0 7B",
         logits_shift=True,
         mask_token_id=None,
     ),
