@@ -32,9 +32,10 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it runs: detection (backend choice, doctor) must not need it
+    import torch
 
 
 class NativeLoadError(ValueError):
@@ -326,6 +327,8 @@ def bidirectional_mask(
 
     Boolean for SDPA (True = attend); additive float (0 / dtype min) for eager attention, which adds the
     mask to the scores. Never None: a None mask lets SDPA fall back to causal attention."""
+    import torch
+
     kv = past + q
     allowed = torch.ones(batch, 1, q, kv, dtype=torch.bool, device=device)
     if padding is not None:
@@ -386,9 +389,12 @@ def model_class(family: str) -> type:
     return _bidirectional(Qwen2ForCausalLM if family == "dream" else LlamaForCausalLM)
 
 
-def load_native(model_dir: str | Path, dtype: torch.dtype = torch.float32, family: str | None = None):
+def load_native(model_dir: str | Path, dtype: torch.dtype | None = None, family: str | None = None):
     """Build the family's bidirectional model from the checkpoint's config and safetensors (sharded or
     not) without running any code from the directory; weights are cast to `dtype`, RoPE stays fp32."""
+    import torch
+
+    dtype = dtype or torch.float32
     d = Path(model_dir)
     raw = json.loads((d / "config.json").read_text())
     files = weight_files(d)
