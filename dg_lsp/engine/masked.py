@@ -160,7 +160,7 @@ class MaskedDiffusionEngine(LocalEngine):
             kwargs["device_map"] = str(self.device)
         trust = trust_remote_code
         if self.family:
-            self.tokenizer = native.load_tokenizer(self.model_dir, trust_remote_code=trust)
+            self.tokenizer = native.load_tokenizer(self.model_dir)  # never the directory's code
         else:
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
         archs = [str(a) for a in raw.get("architectures") or []]

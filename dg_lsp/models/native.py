@@ -438,17 +438,18 @@ def load_native(model_dir: str | Path, dtype: torch.dtype | None = None, family:
     return model.eval()
 
 
-def load_tokenizer(model_dir: str | Path, trust_remote_code: bool = False):
-    """The checkpoint's tokenizer without its code: Dream ships `DreamTokenizer` (Qwen2's byte-level BPE
-    under another name, via auto_map); its `vocab.json`/`merges.txt` load in transformers' Qwen2
-    tokenizer. Others (LLaDA's `tokenizer.json`) load as they are."""
+def load_tokenizer(model_dir: str | Path):
+    """The checkpoint's tokenizer without any code from the directory, even where remote code is allowed
+    (transformers would import the directory's `configuration_*.py` through auto_map just to read the
+    config). Dream ships `DreamTokenizer` (Qwen2's byte-level BPE under another name, via auto_map): its
+    `vocab.json`/`merges.txt` load in transformers' Qwen2 tokenizer. LLaDA's `tokenizer.json` loads as is."""
     from transformers import AutoTokenizer
 
     d = Path(model_dir)
     tok_cfg_path = d / "tokenizer_config.json"
     tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.exists() else {}
-    if tok_cfg.get("tokenizer_class") == "DreamTokenizer" and not trust_remote_code:
+    if tok_cfg.get("tokenizer_class") == "DreamTokenizer":
         from transformers import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(d)
-    return AutoTokenizer.from_pretrained(d, trust_remote_code=trust_remote_code)
+    return AutoTokenizer.from_pretrained(d, trust_remote_code=False)

@@ -344,3 +344,18 @@ def test_logits_equal_the_family_own_code(tmp_path, family):
     assert row["max_abs_diff"] < 1e-4 and row["argmax_agree"] == 1.0
     assert row["causal_control_diff"] > 0.1
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_code_from_the_model_directory_runs(tmp_path, family):
+    """Even with remote code allowed, the families' own .py files (here: ones that fail when imported)
+    are never imported: the model loads natively."""
+    from dg_lsp.engine.loader import load_engine
+    from dg_lsp.settings import Settings
+
+    d = _with_tokenizer(tmp_path / family, family)
+    config = json.loads((d / "config.json").read_text())
+    for module in {v.split(".")[0] for v in config["auto_map"].values()}:
+        (d / f"{module}.py").write_text("raise RuntimeError('model-directory code ran')\n")
+    engine = load_engine(Settings(model=str(d), device="cpu", trust_remote_code=True))
+    assert engine.describe()["native_family"] == family
