@@ -452,4 +452,8 @@ def load_tokenizer(model_dir: str | Path):
         from transformers import Qwen2Tokenizer
 
         return Qwen2Tokenizer.from_pretrained(d)
+    if tok_cfg.get("tokenizer_class") in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+        from transformers import PreTrainedTokenizerFast  # LLaDA's; AutoTokenizer would warn on `llada`
+
+        return PreTrainedTokenizerFast.from_pretrained(d)
     return AutoTokenizer.from_pretrained(d, trust_remote_code=False)
