@@ -137,10 +137,12 @@ def weight_files(model_dir: Path) -> dict[Path, list[str]]:
         weight_map = json.loads(index.read_text()).get("weight_map") or {}
         files: dict[Path, list[str]] = {}
         for name, file in weight_map.items():
-            path = (model_dir / str(file)).resolve()
-            if not path.is_relative_to(model_dir.resolve()):  # an index must not point outside its directory
+            # an index names files inside its directory; links there are followed (a hub cache snapshot
+            # links every file to a blob outside it)
+            rel = Path(str(file))
+            if rel.is_absolute() or ".." in rel.parts:
                 raise NativeLoadError(f"{index} points outside the model directory: {file!r}")
-            files.setdefault(path, []).append(str(name))
+            files.setdefault(model_dir / rel, []).append(str(name))
         return files
     files = {}
     for path in sorted(model_dir.glob("*.safetensors")):

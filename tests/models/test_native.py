@@ -359,3 +359,21 @@ def test_no_code_from_the_model_directory_runs(tmp_path, family):
         (d / f"{module}.py").write_text("raise RuntimeError('model-directory code ran')\n")
     engine = load_engine(Settings(model=str(d), device="cpu", trust_remote_code=True))
     assert engine.describe()["native_family"] == family
+
+
+def test_index_may_not_point_outside_but_links_are_followed(tmp_path):
+    """A hub cache snapshot links each file to a blob elsewhere: fine. An index naming ../x is not."""
+    d = write_tiny_checkpoint(tmp_path / "snap", "dream", seed=2, shards=2)
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for f in d.glob("*.safetensors"):
+        f.rename(blobs / f.name)
+        f.symlink_to(blobs / f.name)
+    with torch.no_grad():
+        assert native.load_native(d)(input_ids=probe_ids()).logits.shape == (2, 24, 320)
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    first = next(iter(index["weight_map"]))
+    index["weight_map"][first] = "../blobs/model-00001-of-00002.safetensors"
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(native.NativeLoadError, match="outside the model directory"):
+        native.load_native(d)
