@@ -61,7 +61,7 @@ def run_doctor(settings: Settings, policy: LocalPolicy | None = None) -> int:
             _line(
                 False,
                 "bitsandbytes",
-                f"quantization={settings.quantization} needs `pip install dg-lsp[cuda]`",
+                f"quantization={settings.quantization} needs `pip install -e '.[cuda]'` (bitsandbytes) from a clone",
             )
             problems += 1
 
