@@ -61,7 +61,7 @@ def run_doctor(settings: Settings, policy: LocalPolicy | None = None) -> int:
             _line(
                 False,
                 "bitsandbytes",
-                f"quantization={settings.quantization} needs `pip install -e '.[cuda]'` (bitsandbytes) from a clone",
+                f"quantization={settings.quantization} needs bitsandbytes: `pip install -e '.[cuda]'`",
             )
             problems += 1
 
