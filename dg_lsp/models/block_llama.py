@@ -114,10 +114,10 @@ def build_model(config: dict, state: dict[str, torch.Tensor], n_added: int, bloc
     = the diffusion model, else the same network read causally (its AR twin)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(**{k: v for k, v in config.items() if not k.startswith("dg_lsp_")})
-    for k, v in config.items():
-        if k.startswith("dg_lsp_"):
-            setattr(cfg, k, v)
+    ours = {k for k in config if k.startswith("dg_lsp_") or k == "mask_token_id"}
+    cfg = LlamaConfig(**{k: v for k, v in config.items() if k not in ours})
+    for k in ours:  # past the token-id validation: added ids lie beyond the base vocabulary on purpose
+        cfg.__dict__[k] = config[k]
     cls = _block_llama_class() if block else LlamaForCausalLM
     with torch.device("meta"):
         model = cls(cfg)
