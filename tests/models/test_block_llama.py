@@ -224,3 +224,10 @@ def test_a_model_config_cannot_point_the_base_at_any_file(tmp_path):
         bl.base_path(model, "fifo.safetensors")
     (model / "base.safetensors").write_bytes(b"x")
     assert bl.base_path(model, "base.safetensors") == (model / "base.safetensors").resolve()
+
+
+def test_embedded_tiny_names_the_5m_model():
+    from dg_lsp.engine.loader import resolve_model_dir
+
+    config = json.loads((resolve_model_dir("embedded-tiny") / "config.json").read_text())
+    assert config["hidden_size"] == 192 and config["num_hidden_layers"] == 4
