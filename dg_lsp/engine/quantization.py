@@ -299,8 +299,10 @@ def checkpoint_bytes(model_dir: Path) -> int:
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """bf16 on CUDA, fp32 on CPU: fp16/bf16 matmuls on a CPU are several times slower than fp32, so a
-    checkpoint saved in fp16 must not run as such there (and every backend must match for fair benchmarks)."""
+    """bf16 on CUDA, fp32 on CPU for checkpoints loaded with `from_pretrained`: CPUs without native bf16
+    emulate it several times slower, and dg-lsp's 5M models gain nothing from it (their passes are overhead,
+    not matmuls). CPUs with avx512_bf16/AMX run large matmuls ~4x faster in bf16: the packed 100M-class
+    models pick it there (`layouts.packed_dtype`). A checkpoint saved in fp16 never runs as such on a CPU."""
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
