@@ -262,7 +262,7 @@ def plot_losses(history: list[dict], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dg_lsp.training.train import _smooth
+    from dg_lsp.training.train import _smooth, finish_loss_plot
 
     train = [h for h in history if "loss" in h]
     valid = [h for h in history if "valid_loss" in h]
@@ -270,14 +270,7 @@ def plot_losses(history: list[dict], path: Path, title: str) -> None:
     k = max(1, len(train) // 40)
     ax.plot([h["step"] for h in train], _smooth([h["loss"] for h in train], k), label="train CE (smoothed)")
     ax.plot([h["step"] for h in valid], [h["valid_loss"] for h in valid], "o-", label="held-out CE")
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_loss_plot(fig, ax, path, title)
 
 
 # --- the run --------------------------------------------------------------------------------------------

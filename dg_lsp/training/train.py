@@ -158,6 +158,20 @@ def _smooth(ys: list[float], k: int) -> list[float]:
     return [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
 
 
+def finish_loss_plot(fig, ax, path: Path, title: str) -> None:
+    """The axes, legend and file every training loss plot shares."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_history(history: list[dict], path: Path, title: str) -> None:
     """Train curves per loss term (smoothed) and the held-out losses, on one nats axis."""
     import matplotlib
@@ -201,14 +215,7 @@ def plot_history(history: list[dict], path: Path, title: str) -> None:
             else "held-out PSM CE"
         )
         ax.plot(steps, [h["valid_ar_loss"] for h in valid], "s--", label=ar_label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_loss_plot(fig, ax, path, title)
 
 
 def _phase_tag(cfg: TrainConfig, kind: str) -> dict:
