@@ -1,0 +1,359 @@
+"""Canvases of several requests in one forward pass: what makes a shared team server worth having.
+
+A single request on a small model leaves most of a forward's arithmetic idle; 16 users typing at once
+would each pay a full pass per step if their canvases ran one after another. Here requests are grouped
+by shape bucket (canvas length, then padded sequence length), their canvases aligned so every row's
+canvas starts at the same column (prefixes left-padded, suffixes right-padded, pads excluded by the
+attention mask, positions counted per row), and one forward per step serves every row still running.
+
+The per-request step is the masked engine's (`MaskedDiffusionEngine._generate` without the dual cache
+and the block schedule): the same quota, commit rules, frontier rule and stop fill, applied to that
+request's rows of the batched logits. With greedy decoding a batched request therefore decodes what the
+unbatched engine decodes with `dual_cache=False` (tests/engine/test_batching.py), up to float rounding of
+the padded pass. The autoregressive twin is batched the same way (left padding, one KV cache) so the
+two can be compared when served alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from dg_lsp.engine import commit as commit_rules
+from dg_lsp.engine import sampler
+from dg_lsp.engine.base import rank_candidates
+from dg_lsp.engine.kv import new_cache
+from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
+
+SEQ_BUCKET = 32
+"""Padded sequence lengths are multiples of this: few distinct shapes, little padding."""
+
+Outcome = InfillResult | Cancelled | Exception
+
+
+def seq_bucket(n: int, multiple: int = SEQ_BUCKET) -> int:
+    """The padded length for `n` tokens: the next multiple of `multiple`."""
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def shape_buckets(lengths: Sequence[int], buckets: Sequence[int]) -> dict[int, list[int]]:
+    """Indices of requests grouped by canvas-length bucket, the largest group first: rows in one forward
+    must share a canvas length so the canvas columns line up."""
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        groups.setdefault(sampler.bucket(n, buckets), []).append(i)
+    return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
+
+
+@dataclass
+class _Job:
+    """One request's rows and decoding state inside a batch."""
+
+    index: int
+    index_in: int
+    """Position in its bucket's job list (its rows in the batch tensors)."""
+    request: InfillRequest
+    should_cancel: ShouldCancel | None
+    ids: list[int]
+    start: int
+    steps: int
+    rows: int
+    stats: InfillStats
+    stops: set[int]
+    stop_tensor: torch.Tensor
+    blank_start: torch.Tensor | None
+    gen: torch.Generator
+    masked: torch.Tensor
+    logp_sum: torch.Tensor
+    logp_n: torch.Tensor
+    t0: float = field(default_factory=time.perf_counter)
+    step: int = 0
+    done: bool = False
+    final: torch.Tensor | None = None
+
+
+class BatchedMasked:
+    """Runs a list of requests on a `MaskedDiffusionEngine`'s model, one forward per step for all."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.forwards = 0
+        """Batched forward passes run so far (tests and the benchmark read it)."""
+        self.rows_cancelled = 0
+
+    def run(
+        self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
+    ) -> list[Outcome]:
+        """One outcome per request, in order: its result, or `Cancelled` if its `should_cancel` fired."""
+        cancels = list(cancels) if cancels is not None else [None] * len(requests)
+        out: list[Outcome] = [Cancelled()] * len(requests)
+        lengths = [min(r.max_tokens, self.engine.cfg.buckets[-1]) for r in requests]
+        for length, members in shape_buckets(lengths, self.engine.cfg.buckets).items():
+            jobs = [self._job(i, k, requests[i], cancels[i], length) for k, i in enumerate(members)]
+            with torch.inference_mode():
+                self._decode(jobs, length)
+            for job in jobs:
+                out[job.index] = self._finish(job, length)
+        return out
+
+    def _job(
+        self, index: int, index_in: int, request: InfillRequest, cancel: ShouldCancel | None, length: int
+    ) -> _Job:
+        eng, cfg = self.engine, self.engine.cfg
+        ids, start = eng.canvas(request, length)
+        steps = min(max(1, request.steps or cfg.steps), length)
+        if request.deadline_ms is not None and eng.ms_per_step:
+            capped = sampler.cap_steps(steps, 0.0, eng.ms_per_step, request.deadline_ms)
+            steps = max(capped, min(steps, cfg.min_capped_steps))
+        rows = max(1, request.num_candidates)
+        stops = eng.stop_ids | (eng.newline_ids() if request.single_line else set())
+        blank = None
+        if not request.blank_start and eng.blank_start_ids():
+            blank = torch.tensor(sorted(eng.blank_start_ids()), device=eng.device)
+        stats = InfillStats(prompt_tokens=len(ids) - length, step_cap=steps)
+        return _Job(
+            index=index,
+            index_in=index_in,
+            request=request,
+            should_cancel=cancel,
+            ids=ids,
+            start=start,
+            steps=steps,
+            rows=rows,
+            stats=stats,
+            stops=stops,
+            stop_tensor=torch.tensor(sorted(stops) or [-1], device=eng.device),
+            blank_start=blank,
+            gen=torch.Generator(device=eng.device).manual_seed(int(request.seed)),
+            masked=torch.ones(rows, length, dtype=torch.bool, device=eng.device),
+            logp_sum=torch.zeros(rows, device=eng.device),
+            logp_n=torch.zeros(rows, device=eng.device),
+        )
+
+    def _decode(self, jobs: list[_Job], length: int) -> None:
+        eng = self.engine
+        shift = 1 if eng.shift else 0
+        head = max(j.start for j in jobs)  # every canvas starts at this column
+        tail = max(len(j.ids) - j.start - length for j in jobs)
+        total = seq_bucket(head + length + tail)
+        head += total - (head + length + tail)  # bucket padding goes on the left, with the other pads
+        n_rows = sum(j.rows for j in jobs)
+        x = torch.full((n_rows, total), eng.fill_id, dtype=torch.long, device=eng.device)
+        attn = torch.zeros(n_rows, total, dtype=torch.long, device=eng.device)
+        row_of: list[slice] = []
+        r = 0
+        for j in jobs:
+            left = head - j.start
+            row = torch.tensor(j.ids, device=eng.device)
+            x[r : r + j.rows, left : left + len(j.ids)] = row
+            attn[r : r + j.rows, left : left + len(j.ids)] = 1
+            row_of.append(slice(r, r + j.rows))
+            r += j.rows
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        span = slice(head, head + length)
+        lo = head - shift
+        keep = {}
+        if eng.slices_logits:
+            keep = {"logits_to_keep": torch.arange(lo, lo + length, device=eng.device)}
+        rules = commit_rules.build(eng.rule_specs())
+        while True:
+            live = []
+            for j in jobs:
+                if j.done:
+                    continue
+                if j.should_cancel is not None and j.should_cancel():
+                    j.done = True
+                    j.stats = None  # type: ignore[assignment]  # marks the job cancelled
+                    self.rows_cancelled += j.rows
+                    continue
+                live.append(j)
+            if not live:
+                return
+            idx = torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in live])
+            t0 = time.perf_counter()
+            logits = eng.model(
+                input_ids=x[idx], attention_mask=attn[idx], position_ids=pos[idx], use_cache=False, **keep
+            ).logits
+            logits = logits if keep else logits[:, lo : lo + length]
+            self.forwards += 1
+            r = 0
+            for j in live:
+                rows = row_of[j.index_in]
+                canvas = x[rows, span]
+                self._step(j, logits[r : r + j.rows].float(), canvas, rules)
+                x[rows, span] = canvas
+                r += j.rows
+            step_ms = (time.perf_counter() - t0) * 1000
+            eng.ms_per_step = step_ms if eng.ms_per_step is None else 0.7 * eng.ms_per_step + 0.3 * step_ms
+
+    def _step(self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules) -> None:
+        """One denoising step of one request: `MaskedDiffusionEngine._generate`'s loop body."""
+        cfg = self.engine.cfg
+        if cfg.min_tokens > 0:
+            logits[:, : cfg.min_tokens, j.stop_tensor[j.stop_tensor >= 0]] = -1e9
+        if j.blank_start is not None:
+            logits[:, 0, j.blank_start] = -1e9
+        j.stats.forward_passes += 1
+        logp = torch.log_softmax(logits, dim=-1)
+        scores = logp.clone()
+        if j.rows > 1:
+            u = torch.rand(scores.shape, generator=j.gen, device=scores.device).clamp_(1e-9, 1 - 1e-9)
+            scores[1:] = scores[1:] / cfg.temperature + (-torch.log(-torch.log(u)))[1:]
+        pred = scores.argmax(dim=-1)
+        conf = sampler.confidence(logits, cfg.confidence)
+        masked = j.masked
+        active = masked
+        if cfg.stop_at_frontier:
+            active = masked & (sampler.frontier(masked) | ~torch.isin(pred, j.stop_tensor))
+        pool = masked if cfg.stops_in_quota else active
+        n_pool = int(pool.sum(dim=-1).max())
+        if cfg.schedule == "dream":
+            need = sampler.dream_quota(n_pool, j.step, j.steps)
+        else:
+            need = sampler.quota(n_pool, j.steps - j.step)
+        at_quota = sampler.select_commits(conf, active, need, None, at_least_one=cfg.schedule != "dream")
+        commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)
+        canvas[commit] = pred[commit]
+        picked = logp.gather(-1, pred[..., None]).squeeze(-1)
+        j.logp_sum += (picked * commit).sum(dim=-1)
+        j.logp_n += commit.sum(dim=-1)
+        masked &= ~commit
+        from dg_lsp.engine.masked import fill_after_stop
+
+        fill_after_stop(canvas, masked, j.stops, self.engine.fill_id)
+        j.step += 1
+        if not masked.any() or j.step >= j.steps:
+            j.stats.early_exit = j.step < j.steps
+            j.done = True
+            j.final = canvas.clone()
+
+    def _finish(self, j: _Job, length: int) -> Outcome:
+        if j.stats is None:
+            return Cancelled()
+        eng = self.engine
+        cands = []
+        for b in range(j.rows):
+            assert j.final is not None
+            new = sampler.trim_at_stop(j.final[b].tolist(), eng.stop_ids | {eng.mask_id})
+            new = new[: j.request.max_tokens]
+            score = float(j.logp_sum[b] / j.logp_n[b]) if j.logp_n[b] > 0 else 0.0
+            cands.append(Candidate(eng.tokenizer.decode(new, skip_special_tokens=True), score, new))
+            j.stats.generated_tokens = max(j.stats.generated_tokens, len(new))
+        j.stats.total_ms = (time.perf_counter() - j.t0) * 1000
+        return InfillResult(rank_candidates(cands, j.request.syntax_ok)[: j.rows], j.stats)
+
+
+class BatchedAR:
+    """Greedy decoding of several requests on an `AutoregressiveEngine`'s model: prompts left-padded,
+    one KV cache, one forward per generated token for every row still running."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.forwards = 0
+        self.rows_cancelled = 0
+
+    def run(
+        self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
+    ) -> list[Outcome]:
+        eng = self.engine
+        cancels = list(cancels) if cancels is not None else [None] * len(requests)
+        prompts = [eng.prompt_ids(r) for r in requests]
+        t0 = time.perf_counter()
+        total = seq_bucket(max(len(p) for p in prompts))
+        n = len(requests)
+        pad = next(iter(sorted(eng.stop_ids)), 0)
+        x = torch.full((n, total), pad, dtype=torch.long, device=eng.device)
+        attn = torch.zeros(n, total, dtype=torch.long, device=eng.device)
+        for i, p in enumerate(prompts):
+            x[i, total - len(p) :] = torch.tensor(p, device=eng.device)
+            attn[i, total - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        stats = [InfillStats(prompt_tokens=len(p), encoder_passes=1, forward_passes=1) for p in prompts]
+        new: list[list[int]] = [[] for _ in requests]
+        picked: list[list[float]] = [[] for _ in requests]
+        done = [False] * n
+        cancelled = [False] * n
+        newline = eng.newline_ids()
+        with torch.inference_mode():
+            cache = new_cache(eng.model.config)
+            out = eng.model(
+                input_ids=x,
+                attention_mask=attn,
+                position_ids=pos,
+                use_cache=True,
+                **{eng.cache_arg: cache},
+                **eng._last,
+            )
+            self.forwards += 1
+            logits = out.logits[:, -1, :].float()
+            while True:
+                nxt = torch.full((n, 1), pad, dtype=torch.long, device=eng.device)
+                for i, req in enumerate(requests):
+                    if done[i]:
+                        continue
+                    if cancels[i] is not None and cancels[i]():
+                        done[i] = cancelled[i] = True
+                        self.rows_cancelled += 1
+                        continue
+                    row = logits[i].clone()
+                    barred: set[int] = set()
+                    if len(new[i]) < eng.min_tokens:
+                        barred = eng.stop_ids | (newline if req.single_line else set())
+                    if not new[i] and not req.blank_start:
+                        barred = barred | eng.blank_start_ids()
+                    if barred:
+                        row[sorted(barred)] = float("-inf")
+                    tok = int(row.argmax())
+                    if tok in eng.stop_ids:
+                        done[i] = True
+                        continue
+                    new[i].append(tok)
+                    picked[i].append(float(torch.log_softmax(row, -1)[tok]))
+                    if len(new[i]) >= req.max_tokens or (req.single_line and tok in newline):
+                        done[i] = True
+                        continue
+                    nxt[i, 0] = tok
+                if all(done):
+                    break
+                attn = torch.cat([attn, (~torch.tensor(done, device=eng.device)).long()[:, None]], dim=1)
+                pos = pos[:, -1:] + 1
+                out = eng.model(
+                    input_ids=nxt,
+                    attention_mask=attn,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{eng.cache_arg: cache},
+                    **eng._last,
+                )
+                self.forwards += 1
+                for i in range(n):
+                    if not done[i]:
+                        stats[i].forward_passes += 1
+                logits = out.logits[:, -1, :].float()
+        results: list[Outcome] = []
+        for i in range(n):
+            if cancelled[i]:
+                results.append(Cancelled())
+                continue
+            stats[i].generated_tokens = len(new[i])
+            stats[i].total_ms = (time.perf_counter() - t0) * 1000
+            score = sum(picked[i]) / len(picked[i]) if picked[i] else 0.0
+            text = eng.tokenizer.decode(new[i], skip_special_tokens=True)
+            results.append(InfillResult([Candidate(text, score, new[i])], stats[i]))
+        return results
+
+
+def batcher_for(engine):
+    """The batched runner for a loaded engine, or None when its backend has no batched path (then the
+    server runs its requests one at a time through `engine.infill`)."""
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+
+    if isinstance(engine, MaskedDiffusionEngine) and not engine.cfg.block_length and engine.layout != "block":
+        return BatchedMasked(engine)
+    if isinstance(engine, AutoregressiveEngine) and engine.layout == "native":
+        return BatchedAR(engine)
+    return None
