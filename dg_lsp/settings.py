@@ -246,6 +246,9 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "stops_in_quota": _boolean,
     "schedule": lambda v: _one_of(v, ("even", "dream")),
     "min_capped_steps": lambda v: whole_number(v, 1, 512),
+    "format": lambda v: _one_of(v, ("auto", "bos", "plain", "dreamon", "chat")),
+    "native_family": _optional(lambda v: _one_of(v, ("dream", "llada"))),
+    "expand_start": lambda v: whole_number(v, 1, 1024),
 }
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""
 

@@ -113,8 +113,9 @@ def resolve_model_dir(model: str) -> Path:
     return path
 
 
-def detect_backend(config: dict) -> str:
-    """Backend from a checkpoint's config.json: its `architectures` (then `model_type`) decide."""
+def detect_backend(config: dict, model_dir: Path | None = None) -> str:
+    """Backend from a checkpoint's config.json: its `architectures` (then `model_type`) decide; the
+    tokenizer's mask token too, for a masked model behind a plain decoder config (Open-dCoder)."""
     layout = config.get("dg_lsp_layout")
     if layout in ("block", "spm", "prefix"):  # dg-lsp's packed models (see dg_lsp/engine/layouts.py)
         return "masked" if layout == "block" else "ar"
@@ -123,9 +124,10 @@ def detect_backend(config: dict) -> str:
     names = [a.lower() for a in archs] + [model_type]
     if any("diffusiongemma" in n or n == "diffusion_gemma" for n in names):
         return "diffusion-gemma"
-    from dg_lsp.models.native import family_from_config
+    from dg_lsp.models.native import family_from_config, tokenizer_config
 
-    if family_from_config(config):  # Dream family, LLaDA: loaded natively (dg_lsp/models/native.py)
+    tok_config = tokenizer_config(model_dir) if model_dir is not None else None
+    if family_from_config(config, tok_config):  # Dream family, LLaDA: native (dg_lsp/models/native.py)
         return "masked"
     if any(n.endswith("formaskedlm") for n in names) or any(h in n for n in names for h in MASKED_ARCH_HINTS):
         return "masked"
@@ -163,7 +165,7 @@ def load_engine(settings: Settings) -> InfillEngine:
     backend = settings.backend
     try:
         if backend == "auto":
-            backend = detect_backend(config)
+            backend = detect_backend(config, model_dir)
         if backend not in BACKENDS:
             raise ModelLoadError(f"unknown backend {backend!r}; expected auto or one of {BACKENDS}")
         opts = masked_options(settings)

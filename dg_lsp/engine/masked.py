@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import commit as commit_rules
-from dg_lsp.engine import layouts, sampler
+from dg_lsp.engine import infill_format, layouts, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
@@ -89,6 +89,14 @@ class MaskedSamplerConfig:
     schedule: str = "even"
     """How many masks the quota commits per step: `even` (LLaDA: the remaining masks spread evenly over
     the remaining steps) or `dream` (Dream's timestep schedule, int(n(1 - s/t)) on linspace(1, 1e-3))."""
+    format: str = "auto"
+    """The canvas format (`dg_lsp/engine/infill_format.py`): `auto` (from the checkpoint), `bos`, `plain`,
+    `dreamon` (variable length through `<|expand|>`/`<|delete|>`) or `chat`."""
+    native_family: str | None = None
+    """Load the weights natively as this family (`dream` or `llada`) whatever config.json declares: for
+    relatives whose own code cannot run here (the load error names the family to try)."""
+    expand_start: int = 8
+    """`dreamon` format: masks the canvas starts with; it grows to the request's length at most."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
@@ -111,6 +119,10 @@ class MaskedSamplerConfig:
         cfg = cls(**kwargs)
         if cfg.schedule not in ("even", "dream"):
             raise ValueError("masked.schedule must be 'even' or 'dream'")
+        if cfg.format not in infill_format.FORMATS:
+            raise ValueError(f"masked.format must be one of {infill_format.FORMATS}")
+        if cfg.native_family is not None and cfg.native_family not in native.FAMILIES:
+            raise ValueError(f"masked.nativeFamily must be one of {sorted(native.FAMILIES)}")
         if cfg.confidence not in sampler.CONFIDENCE_KINDS:
             raise ValueError(f"masked.confidence must be one of {sampler.CONFIDENCE_KINDS}")
         return cfg
@@ -149,8 +161,13 @@ class MaskedDiffusionEngine(LocalEngine):
         self.cfg = sampler or MaskedSamplerConfig()
         self.quantization = quant.resolve_kind(quantization, self.device)
         self.layout = layouts.layout_of(raw)
+        tok_cfg = native.tokenizer_config(self.model_dir)
+        gen_cfg = infill_format.read_json(self.model_dir / "generation_config.json")
         # Dream family / LLaDA: built-in layers, no code from the model directory (dg_lsp/models/native.py)
-        self.family = native.family_of(self.model_dir, raw) if self.layout == "native" else None
+        self.family = None
+        if self.layout == "native":
+            self.family = self.cfg.native_family or native.family_of(self.model_dir, raw)
+        self.variant = native.variant_from_config(raw, tok_cfg) if self.family else None
         shift = native.FAMILIES[self.family].logits_shift if self.family else detect_logits_shift(raw)
         self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else shift
         kwargs: dict[str, Any] = {
@@ -178,7 +195,15 @@ class MaskedDiffusionEngine(LocalEngine):
                 raise ValueError(f"quantization {self.quantization!r} is not available for native models")
             self.model = native.load_native(self.model_dir, dtype=kwargs["dtype"], family=self.family)
         else:
-            self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
+            try:
+                self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
+            except Exception as exc:
+                message = native.remote_code_failure(exc, raw) if trust_remote_code else None
+                if message is None:
+                    raise
+                from dg_lsp.engine.loader import ModelLoadError
+
+                raise ModelLoadError(message) from exc
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
@@ -191,17 +216,25 @@ class MaskedDiffusionEngine(LocalEngine):
         if mask_id is None:
             raise ValueError("masked backend: the tokenizer/config defines no mask token")
         self.mask_id = int(mask_id)
-        self.stop_ids = {
-            int(t)
-            for t in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, raw.get("eos_token_id"))
-            if isinstance(t, int)
-        }
-        self.fill_id = int(
-            self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else self.mask_id
-        )
-        self.bos = [int(self.tokenizer.bos_token_id)] if self.tokenizer.bos_token_id is not None else []
+        self.edits = infill_format.edit_tokens(self.tokenizer, gen_cfg) if self.family else None
+        fmt = self.cfg.format
+        if fmt == "auto":
+            fmt = infill_format.detect_format(self.family, self.variant, self.edits)
+        if fmt == "dreamon" and self.edits is None:
+            raise ValueError("masked.format 'dreamon' needs <|expand|> and <|delete|> in the tokenizer")
+        self.format = fmt
+        self.variable = fmt == "dreamon"
+        """The canvas grows and shrinks (DreamOn's expand/delete tokens)."""
+        bos = self.tokenizer.bos_token_id
+        self.bos = [int(bos)] if bos is not None and fmt in ("bos", "dreamon") else []
         if self.layout == "block":
             self.bos = []
+        exclude = {self.mask_id, *(self.edits or ())}
+        self.stop_ids = infill_format.stop_ids(self.tokenizer, raw, gen_cfg, bool(self.family), exclude)
+        eos = self.tokenizer.eos_token_id
+        self.fill_id = int(eos if eos is not None else min(self.stop_ids, default=self.mask_id))
+        self.dual_error: str | None = None
+        """Why the model's forward rejected the KV cache, once it has."""
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.cache_arg = cache_kwarg(self.model.forward)
         self.supports_kv = self.cache_arg is not None
@@ -211,6 +244,8 @@ class MaskedDiffusionEngine(LocalEngine):
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
+        self.last_lengths: list[int] = []
+        """`dreamon` format: the canvas length before the first step and after each (row 0)."""
 
     def rule_specs(self) -> list[tuple[str, float]]:
         cfg = self.cfg
@@ -229,16 +264,28 @@ class MaskedDiffusionEngine(LocalEngine):
             "logits_shift": str(self.shift),
             "confidence": self.cfg.confidence,
             "threshold": str(self.cfg.threshold),
-            "dual_cache": str(self.cfg.dual_cache and self.supports_kv),
+            "dual_cache": str(self.dual_on()),
+            "format": self.format,
             **({"native_family": self.family} if self.family else {}),
-            **({} if self.cfg.dual_cache and self.supports_kv else {"dual_cache_off": self.dual_cache_off()}),
+            **({"variant": self.variant} if self.variant else {}),
+            **({} if self.dual_on() else {"dual_cache_off": self.dual_cache_off()}),
         }
+
+    def dual_on(self) -> bool:
+        return self.cfg.dual_cache and self.supports_kv and not self.variable
 
     def dual_cache_off(self) -> str:
         """Why the dual cache is off, for `doctor` and the stats."""
         if not self.cfg.dual_cache:
             return "masked.dualCache is false"
-        return "this model's forward takes no KV cache (or rejected it); every step is a full pass"
+        if self.variable:
+            return (
+                "the dreamon format grows and shrinks the canvas, which moves the suffix's positions "
+                "(its cached keys would be wrong); every step is a full pass"
+            )
+        if self.dual_error:
+            return f"the model's forward rejected the KV cache ({self.dual_error}); each step is a full pass"
+        return "this model's forward takes no KV cache; every step is a full pass"
 
     def warmup(self) -> None:
         self.newline_ids()  # per-model tables, built here rather than on the first keystroke
@@ -251,16 +298,21 @@ class MaskedDiffusionEngine(LocalEngine):
         self.prompt_cache.clear()
 
     def canvas(self, request: InfillRequest, length: int) -> tuple[list[int], int]:
-        """Token ids `[bos] prefix [MASK]*length suffix` (block layout: the SPM prompt, then the masks) and
-        the index of the first mask."""
+        """Token ids in the checkpoint's format (`[bos] prefix [MASK]*length suffix`, see
+        `infill_format`; block layout: the SPM prompt, then the masks) and the index of the first mask."""
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
         suf = self.tokenizer.encode(request.suffix, add_special_tokens=False)
         pre, suf = budget_prompt(pre, suf, max(8, self.max_prompt_tokens - length))
         if self.layout == "block":
             head = layouts.spm_ids(self.tokenizer, pre, suf)
             return head + [self.mask_id] * length, len(head)
+        if self.format == "chat":
+            dec = self.tokenizer.decode
+            head = infill_format.chat_head(self.tokenizer, dec(pre), dec(suf))
+            return head + [self.mask_id] * length, len(head)
         head = self.bos + pre
-        return head + [self.mask_id] * length + suf, len(head)
+        tail = [*suf, self.fill_id] if self.format == "dreamon" else suf
+        return head + [self.mask_id] * length + tail, len(head)
 
     def _keep(self, first: int, length: int, total: int) -> dict[str, Any]:
         """`logits_to_keep` for positions first..first+length-1 of a `total`-long chunk: the output head
@@ -286,7 +338,7 @@ class MaskedDiffusionEngine(LocalEngine):
         reused instead of recomputed in that full pass (approximate, like the dual cache itself)."""
         lo = start - 1 if self.shift else start  # shifted: the token before the canvas predicts its first
         hi = start + length
-        dual = self.cfg.dual_cache and self.supports_kv
+        dual = self.dual_on()
         if dual and ctx is not None and not refresh:
             cache = new_cache(self.model.config, record=False)
             for layer, (k, v) in zip(cache.layers, ctx, strict=True):
@@ -321,11 +373,14 @@ class MaskedDiffusionEngine(LocalEngine):
             except Exception as exc:  # remote code with its own cache format: fall back for good
                 log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
                 self.supports_kv = False
+                self.dual_error = f"{type(exc).__name__}: {str(exc)[:200]}"
         sliced = self._keep(lo, length, x.shape[1])
         logits = self.model(input_ids=x, **sliced).logits
         return (logits[:, :length] if sliced else logits[:, lo : lo + length]), None
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
+        if self.variable:
+            return self._generate_variable(request, check, stats)
         cfg = self.cfg
         length = sampler.bucket(request.max_tokens, cfg.buckets)
         ids, start = self.canvas(request, length)
@@ -358,7 +413,7 @@ class MaskedDiffusionEngine(LocalEngine):
             blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
         ctx = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
-        reuse = self.use_prompt_cache and cfg.dual_cache and self.supports_kv
+        reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
         with torch.inference_mode():
@@ -437,6 +492,94 @@ class MaskedDiffusionEngine(LocalEngine):
             score = float(logp_sum[b] / logp_n[b]) if logp_n[b] > 0 else 0.0
             cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
+        return cands
+
+
+    def _generate_variable(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
+        """The `dreamon` format: the canvas starts at `expand_start` masks and each step's commits may grow
+        it (`<|expand|>` -> two masks, up to the request's length) or end it (`<|delete|>`, or a stop).
+        One row at a time, each a full pass per step: rows would differ in length, and a moved suffix
+        invalidates any cached keys. The quota, commit rules and stop rules are the fixed canvas's."""
+        cfg = self.cfg
+        assert self.edits is not None
+        expand_id, delete_id = self.edits
+        max_len = sampler.bucket(request.max_tokens, cfg.buckets)
+        length = max(1, min(cfg.expand_start, max_len))
+        ids, start = self.canvas(request, length)
+        head, tail = ids[:start], ids[start + length :]
+        stats.prompt_tokens = len(ids) - length
+        steps = min(max(1, request.steps or cfg.steps), max_len)
+        if request.deadline_ms is not None and self.ms_per_step:
+            capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
+            steps = max(capped, min(steps, cfg.min_capped_steps))
+        stats.step_cap = steps
+        rules = commit_rules.build(self.rule_specs())
+        gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
+        stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
+        # a delete ends the span like a stop: barred from the first positions, committed at the frontier
+        ends = torch.tensor(sorted(stops | {delete_id}), device=self.device)
+        blank_start = None
+        if not request.blank_start and self.blank_start_ids():
+            blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
+        self.last_commits, self.last_lengths = [], [length]
+        cands = []
+        with torch.inference_mode():
+            for row in range(max(1, request.num_candidates)):
+                canvas, masked = [self.mask_id] * length, [True] * length
+                logp_sum, logp_n = 0.0, 0
+                # each pass commits at least one mask and the canvas grows only up to max_len: bounded
+                for step in range(2 * max_len + steps):
+                    if not any(masked):
+                        break
+                    check()
+                    t0 = time.perf_counter()
+                    x = torch.tensor([head + canvas + tail], device=self.device)
+                    logits, _ = self._canvas_logits(x, start, len(canvas), None, refresh=False)
+                    logits = logits.float()
+                    if cfg.min_tokens > 0:
+                        logits[:, : cfg.min_tokens, ends] = -1e9
+                    if blank_start is not None:
+                        logits[:, 0, blank_start] = -1e9
+                    if len(canvas) >= max_len:
+                        logits[:, :, expand_id] = -1e9
+                    stats.forward_passes += 1
+                    logp = torch.log_softmax(logits, dim=-1)
+                    scores = logp
+                    if row > 0:  # rows after the first draw alternatives (Gumbel-max sampling)
+                        u = torch.rand(scores.shape, generator=gen, device=self.device).clamp_(1e-9, 1 - 1e-9)
+                        scores = scores / cfg.temperature - torch.log(-torch.log(u))
+                    pred = scores.argmax(dim=-1)
+                    conf = sampler.confidence(logits, cfg.confidence)
+                    m = torch.tensor([masked], device=self.device)
+                    active = m
+                    if cfg.stop_at_frontier:
+                        active = m & (sampler.frontier(m) | ~torch.isin(pred, ends))
+                    pool = m if cfg.stops_in_quota else active
+                    need = sampler.quota(int(pool.sum()), max(1, steps - step))
+                    at_quota = sampler.select_commits(conf, active, need, None)
+                    commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)[0]
+                    picked = logp[0].gather(-1, pred[0][:, None]).squeeze(-1)
+                    for i in commit.nonzero().flatten().tolist():
+                        canvas[i], masked[i] = int(pred[0, i]), False
+                        logp_sum, logp_n = logp_sum + float(picked[i]), logp_n + 1
+                    if row == 0:
+                        self.last_commits.append(int(commit.sum()))
+                    canvas, masked = sampler.apply_edits(
+                        canvas, masked, self.mask_id, expand_id, delete_id, max_len, stops
+                    )
+                    if row == 0:
+                        self.last_lengths.append(len(canvas))
+                    step_ms = (time.perf_counter() - t0) * 1000
+                    self.ms_per_step = (
+                        step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms
+                    )
+                out = [t for t, mk in zip(canvas, masked, strict=True) if not mk]
+                new = sampler.trim_at_stop(out, stops | {self.mask_id, expand_id, delete_id})
+                new = new[: request.max_tokens]
+                text = self.tokenizer.decode(new, skip_special_tokens=True)
+                score = logp_sum / logp_n if logp_n else 0.0
+                cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
+                stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
 
 

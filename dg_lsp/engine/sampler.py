@@ -75,6 +75,46 @@ def dream_quota(num_masked: int, step: int, steps: int, eps: float = 1e-3) -> in
     return int(num_masked * (1 - s / t))
 
 
+def apply_edits(
+    canvas: Sequence[int],
+    masked: Sequence[bool],
+    mask_id: int,
+    expand_id: int,
+    delete_id: int,
+    max_len: int,
+    stop_ids: Sequence[int] | set[int] = (),
+) -> tuple[list[int], list[bool]]:
+    """DreamOn's variable-length canvas after one step's commits: each committed `expand_id` becomes two
+    masks (while the canvas stays within `max_len`; past it, one), each committed `delete_id` is removed,
+    and every mask after the first committed delete or stop is removed too (the span ends there, as
+    DreamOn pads deletes to the right). Committed tokens after it stay, as in DreamOn's own decoding.
+
+    A fixed canvas costs infill quality whenever its length is wrong (by the DreamOn authors' account 38%
+    of Dream-Coder's pass@1); growing and shrinking it lets the model pick the length."""
+    ends = {delete_id, *stop_ids}
+    cut = next((i for i, (t, m) in enumerate(zip(canvas, masked, strict=True)) if not m and t in ends), None)
+    kept: list[tuple[int, bool]] = []
+    for i, (t, m) in enumerate(zip(canvas, masked, strict=True)):
+        if m and cut is not None and i > cut:
+            continue
+        if not m and t == delete_id:
+            continue
+        kept.append((int(t), bool(m)))
+    room = max(0, max_len - len(kept))
+    out: list[int] = []
+    out_masked: list[bool] = []
+    for t, m in kept:
+        if not m and t == expand_id:
+            n = 2 if room > 0 else 1
+            room -= n - 1
+            out += [mask_id] * n
+            out_masked += [True] * n
+        else:
+            out.append(t)
+            out_masked.append(m)
+    return out, out_masked
+
+
 def select_commits(
     conf: torch.Tensor,
     masked: torch.Tensor,

@@ -57,7 +57,7 @@ class Family:
 FAMILIES: dict[str, Family] = {
     "dream": Family(
         "dream",
-        "Dream-v0 Base/Instruct 7B, Dream-Coder-v0 7B, DiffuCoder-7B, DreamOn-v0 7B",
+        "Dream-v0 Base/Instruct 7B, Dream-Coder-v0 7B, DiffuCoder-7B, DreamOn-v0 7B, Open-dCoder 0.5B",
         logits_shift=True,
         mask_token_id=None,
     ),
@@ -86,17 +86,51 @@ def _names(config: dict) -> list[str]:
     return names
 
 
-def family_from_config(config: dict) -> str | None:
+def family_from_config(config: dict, tokenizer_config: dict | None = None) -> str | None:
     """The family `config.json` declares (architectures, model_type, auto_map module names), or None.
 
     MoE and other LLaDA/Dream derivatives with different layers (LLaDA-MoE, LLaDA 2) are not matched: only
-    the exact dense classes below are, so an unknown relative is never run through the wrong layers."""
+    the exact dense classes below are, so an unknown relative is never run through the wrong layers.
+    A plain Qwen2 config is the Dream family only when the checkpoint also has a mask token (Open-dCoder,
+    see `variant_from_config`): an autoregressive Qwen2 has none."""
     names = _names(config)
     if any(n in ("llada", "lladamodellm") or n.endswith("modeling_llada.lladamodellm") for n in names):
         return "llada"
     if any(n in ("dream", "dreammodel") or n.endswith("modeling_dream.dreammodel") for n in names):
         return "dream"
+    if variant_from_config(config, tokenizer_config) == "open-dcoder":
+        return "dream"
     return None
+
+
+def _has_mask_token(config: dict, tokenizer_config: dict | None) -> bool:
+    if isinstance(config.get("mask_token_id"), int):
+        return True
+    tok = tokenizer_config or {}
+    if tok.get("mask_token"):
+        return True
+    added = tok.get("added_tokens_decoder")
+    return isinstance(added, dict) and any(
+        isinstance(v, dict) and v.get("content") == "<|mask|>" for v in added.values()
+    )
+
+
+def variant_from_config(config: dict, tokenizer_config: dict | None = None) -> str | None:
+    """`open-dcoder` for Open-dCoder 0.5B: its config is Qwen2.5-Coder's own (`Qwen2ForCausalLM`, model_type
+    `qwen2`, no auto_map; its authors load it with their Qwen2 class run with `is_causal=False` and shift
+    the logits as Dream does), so only the mask token in its tokenizer tells it from the AR model."""
+    archs = [str(a) for a in config.get("architectures") or []]
+    qwen2 = archs == ["Qwen2ForCausalLM"] or (not archs and str(config.get("model_type")) == "qwen2")
+    if qwen2 and not config.get("auto_map") and _has_mask_token(config, tokenizer_config):
+        return "open-dcoder"
+    return None
+
+
+def tokenizer_config(model_dir: str | Path) -> dict:
+    """tokenizer_config.json as a dict ({} when absent or unreadable), read within the config cap."""
+    from dg_lsp.engine.infill_format import read_json
+
+    return read_json(Path(model_dir) / "tokenizer_config.json")
 
 
 def _layout_of_names(names: Iterable[str]) -> str | None:
@@ -109,12 +143,14 @@ def _layout_of_names(names: Iterable[str]) -> str | None:
     return None
 
 
-def detect_family(config: dict, tensor_names: Iterable[str] | None = None) -> str | None:
+def detect_family(
+    config: dict, tensor_names: Iterable[str] | None = None, tok_config: dict | None = None
+) -> str | None:
     """The native family of a checkpoint, from its config and, when given, its tensor names.
 
     The config must declare the family; the tensor names must then have that family's layout (a
     checkpoint whose config says LLaDA but whose weights are something else is refused, not guessed)."""
-    family = family_from_config(config)
+    family = family_from_config(config, tok_config)
     if family is None or tensor_names is None:
         return family
     layout = _layout_of_names(tensor_names)
@@ -160,10 +196,45 @@ def family_of(model_dir: str | Path, config: dict | None = None) -> str | None:
     none. Raises `NativeLoadError` when the config declares one and the weights disagree."""
     d = Path(model_dir)
     config = config if config is not None else json.loads((d / "config.json").read_text())
-    if family_from_config(config) is None:
+    if family_from_config(config, tokenizer_config(d)) is None:
         return None
     names = [n for ns in weight_files(d).values() for n in ns]
-    return detect_family(config, names)
+    return detect_family(config, names, tokenizer_config(d))
+
+
+def remote_code_failure(exc: BaseException, config: dict) -> str | None:
+    """The one message for a checkpoint whose own code fails on the installed transformers, or None when
+    `exc` does not look like that (no auto_map, or an error of another kind: missing file, out of memory).
+
+    Code written for transformers 4.4x fails under 5 deep inside transformers (LLaDA's: AttributeError
+    `all_tied_weights_keys`, TypeError `tie_weights(missing_keys=)`; Dream's: KeyError 'default' in the
+    RoPE table), with a traceback that names neither the cause nor the way out."""
+    import transformers
+
+    auto_map = config.get("auto_map")
+    if not isinstance(auto_map, dict) or not auto_map:
+        return None
+    if not isinstance(exc, AttributeError | KeyError | TypeError | ImportError | NotImplementedError):
+        return None
+    names = " ".join(_names(config))
+    archs = config.get("architectures") or [config.get("model_type")]
+    if "llada" in names:
+        hint = "llada"
+    elif any(h in names for h in ("dream", "qwen", "diffucoder", "dcoder")):
+        hint = "dream"
+    else:
+        hint = None
+    to_try = (
+        f"If its weights are the {hint} family's layout ({FAMILIES[hint].checkpoints}), load them natively "
+        f'with the masked setting `"nativeFamily": "{hint}"` (no code from the model directory runs).'
+        if hint
+        else f"dg-lsp loads these families natively, without their code: {supported_text()}."
+    )
+    modules = sorted({str(v if isinstance(v, str) else v[0]).split(".")[0] for v in auto_map.values() if v})
+    return (
+        f"{archs} runs its own modelling code ({', '.join(modules)}.py), which cannot run on the installed "
+        f"transformers {transformers.__version__} ({type(exc).__name__}: {str(exc)[:160]}). {to_try}"
+    )
 
 
 # --- configs --------------------------------------------------------------------------------------
@@ -401,14 +472,21 @@ def load_native(model_dir: str | Path, dtype: torch.dtype | None = None, family:
     raw = json.loads((d / "config.json").read_text())
     files = weight_files(d)
     names = [n for ns in files.values() for n in ns]
-    family = family or detect_family(raw, names)
+    tok_config = tokenizer_config(d)
+    if family is not None and family not in FAMILIES:
+        raise NativeLoadError(f"unknown native family {family!r}; expected one of {sorted(FAMILIES)}")
+    if family is not None and _layout_of_names(names) != family:
+        layout = _layout_of_names(names)
+        found = "an unknown tensor layout" if layout is None else f"{layout}-style tensors"
+        raise NativeLoadError(f"the {family} family was asked for but the weights in {d} have {found}")
+    family = family or detect_family(raw, names, tok_config)
     if family is None:
         archs = raw.get("architectures")
         raise NativeLoadError(
             f"architectures={archs} model_type={raw.get('model_type')!r} is not a family dg-lsp loads "
             f"natively ({supported_text()}); other checkpoints run their own code with --trust-remote-code"
         )
-    detect_family(raw, names)
+    detect_family(raw, names, tok_config)
     cfg = build_config(family, raw)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
