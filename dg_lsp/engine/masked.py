@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import commit as commit_rules
-from dg_lsp.engine import infill_format, layouts, sampler
+from dg_lsp.engine import infill_format, layouts, lean, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
@@ -208,6 +208,7 @@ class MaskedDiffusionEngine(LocalEngine):
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
+        self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer)
         mask_id = self.tokenizer.mask_token_id
         if mask_id is None:
             mask_id = raw.get("mask_token_id")
@@ -238,7 +239,14 @@ class MaskedDiffusionEngine(LocalEngine):
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.cache_arg = cache_kwarg(self.model.forward)
         self.supports_kv = self.cache_arg is not None
-        self.slices_logits = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        params = inspect.signature(self.model.forward).parameters
+        self.slices_logits = "logits_to_keep" in params
+        open_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        if self.supports_kv and "position_ids" not in params and not open_kwargs:
+            # LLaDA's own code: a KV cache, but positions always counted from the cache's length, so the
+            # canvas-only pass (between prefix and suffix) would get the suffix's positions
+            self.supports_kv = False
+            self.dual_error = f"{type(self.model).__name__}.forward takes a KV cache but no position_ids"
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         self._last_full = None
         self.ms_per_step: float | None = None
@@ -259,6 +267,7 @@ class MaskedDiffusionEngine(LocalEngine):
     def describe(self) -> dict[str, str]:
         return {
             **super().describe(),
+            "forward": self.forward_kind,
             "commit": ",".join(f"{n}:{v:g}" for n, v in self.rule_specs()) or "quota only",
             "layout": self.layout,
             "logits_shift": str(self.shift),
@@ -284,7 +293,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 "(its cached keys would be wrong); every step is a full pass"
             )
         if self.dual_error:
-            return f"the model's forward rejected the KV cache ({self.dual_error}); each step is a full pass"
+            return f"the canvas-only pass cannot run here ({self.dual_error}); each step is a full pass"
         return "this model's forward takes no KV cache; every step is a full pass"
 
     def warmup(self) -> None:

@@ -370,3 +370,62 @@ def test_remote_code_that_cannot_run_gives_one_clear_message(tmp_path):
     assert "cannot run on the installed transformers" in text and "modeling_llada_moe.py" in text
     assert '"nativeFamily": "llada"' in text and "LLaDA-8B" in text
     assert "Traceback" not in text and text.count("\n") == 0
+
+
+NO_POSITIONS_CODE = """
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutput
+
+
+class TinyMdlmConfig(PretrainedConfig):
+    model_type = "tiny_mdlm"
+
+
+class TinyMdlmModel(PreTrainedModel):
+    config_class = TinyMdlmConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.emb = torch.nn.Embedding(config.vocab_size, 8)
+        self.head = torch.nn.Linear(8, config.vocab_size)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, past_key_values=None, use_cache=None):
+        return CausalLMOutput(logits=self.head(self.emb(input_ids)))
+"""
+
+
+def test_remote_code_without_position_ids_runs_without_the_dual_cache_and_says_why(tmp_path):
+    """LLaDA's own forward takes `past_key_values` but no `position_ids`: the canvas-only pass would put
+    the canvas at the suffix's positions. Such a model decodes with full passes, and doctor/`complete
+    --json` (both print describe()) say so."""
+    from safetensors.torch import save_file
+
+    from dg_lsp.engine.loader import load_engine
+    from dg_lsp.engine.types import InfillRequest
+    from dg_lsp.settings import Settings
+
+    d = tmp_path / "mdlm"
+    d.mkdir()
+    (d / "modeling_tiny_mdlm.py").write_text(NO_POSITIONS_CODE)
+    auto_map = {
+        "AutoConfig": "modeling_tiny_mdlm.TinyMdlmConfig",
+        "AutoModel": "modeling_tiny_mdlm.TinyMdlmModel",
+    }
+    config = {"architectures": ["TinyMdlmModel"], "model_type": "tiny_mdlm", "auto_map": auto_map}
+    config.update(vocab_size=MODEL_VOCAB, mask_token_id=ID["<|mask|>"])
+    (d / "config.json").write_text(json.dumps(config))
+    g = torch.Generator().manual_seed(0)
+    weights = {
+        "emb.weight": torch.randn(MODEL_VOCAB, 8, generator=g),
+        "head.weight": torch.randn(MODEL_VOCAB, 8, generator=g),
+        "head.bias": torch.zeros(MODEL_VOCAB),
+    }
+    save_file(weights, str(d / "model.safetensors"))
+    write_tokenizer(d, LLADA_SPECIALS)
+    engine = load_engine(Settings(model=str(d), device="cpu", trust_remote_code=True))
+    facts = engine.describe()
+    assert facts["dual_cache"] == "False" and "no position_ids" in facts["dual_cache_off"]
+    result = engine.infill(InfillRequest("x =", "f", max_tokens=4, steps=2))
+    assert result.stats.forward_passes >= 1 and result.candidates
