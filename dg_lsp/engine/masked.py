@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import commit as commit_rules
-from dg_lsp.engine import infill_format, layouts, lean, sampler
+from dg_lsp.engine import infill_format, layouts, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
@@ -208,7 +208,6 @@ class MaskedDiffusionEngine(LocalEngine):
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
-        self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer)
         mask_id = self.tokenizer.mask_token_id
         if mask_id is None:
             mask_id = raw.get("mask_token_id")
@@ -267,7 +266,6 @@ class MaskedDiffusionEngine(LocalEngine):
     def describe(self) -> dict[str, str]:
         return {
             **super().describe(),
-            "forward": self.forward_kind,
             "commit": ",".join(f"{n}:{v:g}" for n, v in self.rule_specs()) or "quota only",
             "layout": self.layout,
             "logits_shift": str(self.shift),
