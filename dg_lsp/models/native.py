@@ -12,6 +12,8 @@ transformers' own, maintained layers:
   `DreamModel` / model_type `Dream`): Qwen2 layers (q/k/v with bias, o without, SwiGLU MLP, RMSNorm,
   RoPE). Its tensor names are already Qwen2ForCausalLM's. Trained from an AR model, it reads token i from
   the logits at i-1 ("shifted"); the forward itself is unshifted, the engine applies the shift.
+  Open-dCoder 0.5B is the same math under Qwen2.5-Coder's own config (`Qwen2ForCausalLM`); only its
+  tokenizer's mask token marks it as a diffusion model (`variant_from_config`).
 - **LLaDA** (LLaDA-8B Base/Instruct, LLaDA-1.5; `LLaDAModelLM` / `llada`): OLMo-style names
   (`model.transformer.blocks.N.{q,k,v}_proj, attn_out, ff_proj, up_proj, ff_out, attn_norm, ff_norm`,
   `wte`, `ln_f`, head `ff_out`) over Llama math (SwiGLU with `ff_proj` as the gate, RMSNorm, RoPE
