@@ -181,7 +181,11 @@ class MaskedDiffusionEngine(LocalEngine):
         if self.family:
             self.tokenizer = native.load_tokenizer(self.model_dir)  # never the directory's code
         else:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
+            except Exception as exc:
+                _remote_failure(exc, raw, trust)
+                raise
         archs = [str(a) for a in raw.get("architectures") or []]
         loader = AutoModel  # LLaDA/Dream remote code maps AutoModel to their LM class
         if any(a.endswith("ForMaskedLM") for a in archs):
@@ -198,12 +202,8 @@ class MaskedDiffusionEngine(LocalEngine):
             try:
                 self.model = loader.from_pretrained(self.model_dir, **kwargs).eval()
             except Exception as exc:
-                message = native.remote_code_failure(exc, raw) if trust_remote_code else None
-                if message is None:
-                    raise
-                from dg_lsp.engine.loader import ModelLoadError
-
-                raise ModelLoadError(message) from exc
+                _remote_failure(exc, raw, trust)
+                raise
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
@@ -588,6 +588,15 @@ class MaskedDiffusionEngine(LocalEngine):
                 cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
                 stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
+
+
+def _remote_failure(exc: BaseException, config: dict, trusted: bool) -> None:
+    """Raise the one clear message when a checkpoint's own code failed because it cannot run here."""
+    message = native.remote_code_failure(exc, config) if trusted else None
+    if message is not None:
+        from dg_lsp.engine.loader import ModelLoadError
+
+        raise ModelLoadError(message) from exc
 
 
 def _row0_snapshot(cache, ids: list[int]) -> KVSnapshot:
