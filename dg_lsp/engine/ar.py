@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dg_lsp.engine import layouts
+from dg_lsp.engine import layouts, lean
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
@@ -61,6 +61,7 @@ class AutoregressiveEngine(LocalEngine):
             quant.quantize_linears_int8_(self.model, skip=["lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
+        self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer)
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"
         # dg-lsp's own tokenizer fixes its stop ids; other tokenizers (and chat-tuned bases) name theirs

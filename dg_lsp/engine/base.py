@@ -80,6 +80,8 @@ class LocalEngine:
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "quantization": self.quantization,
             "parameters": f"{params / 1e6:.2f}M",
+            # "lean" (dg_lsp/engine/lean.py) or "transformers (why the lean forward was not taken)"
+            **({"forward": kind} if (kind := getattr(self, "forward_kind", None)) else {}),
         }
 
     def reset_caches(self) -> None:

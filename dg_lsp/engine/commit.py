@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -27,12 +28,21 @@ import torch
 @dataclass(frozen=True)
 class StepView:
     probs_top2: torch.Tensor  # (B, L, 2) the two largest probabilities per position
-    entropy: torch.Tensor  # (B, L) token entropy (nats)
+    known_entropy: torch.Tensor | None  # (B, L) token entropy (nats), or None: computed from `logp` if read
     eligible: torch.Tensor  # (B, L) bool: positions a rule may commit now
+    logp: torch.Tensor | None = None  # (B, L, V) log-probabilities
 
     @property
     def top1(self) -> torch.Tensor:
         return self.probs_top2[..., 0]
+
+    @cached_property
+    def entropy(self) -> torch.Tensor:
+        """Lazily: a full-vocabulary pass per step that only the entropy rule reads."""
+        if self.known_entropy is not None:
+            return self.known_entropy
+        assert self.logp is not None
+        return -(self.logp.exp() * self.logp).sum(dim=-1)
 
 
 Rule = Callable[[StepView], torch.Tensor]
@@ -107,10 +117,11 @@ def build(rules: Sequence[tuple[str, float]]) -> list[Rule]:
     return [RULES[name](value) for name, value in rules]
 
 
-def view(logits: torch.Tensor, eligible: torch.Tensor) -> StepView:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    p = logp.exp()
-    return StepView(p.topk(2, dim=-1).values, -(p * logp).sum(dim=-1), eligible)
+def view(logits: torch.Tensor, eligible: torch.Tensor, logp: torch.Tensor | None = None) -> StepView:
+    """`logp`: the step's log-softmax when the sampler already has it (saves a pass over the vocabulary)."""
+    if logp is None:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+    return StepView(logp.topk(2, dim=-1).values.exp(), None, eligible, logp)
 
 
 def select(v: StepView, rules: Sequence[Rule], quota_mask: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import commit as commit_rules
-from dg_lsp.engine import infill_format, layouts, sampler
+from dg_lsp.engine import infill_format, layouts, lean, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
@@ -208,6 +208,7 @@ class MaskedDiffusionEngine(LocalEngine):
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
+        self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer)
         mask_id = self.tokenizer.mask_token_id
         if mask_id is None:
             mask_id = raw.get("mask_token_id")
@@ -443,13 +444,13 @@ class MaskedDiffusionEngine(LocalEngine):
                     logits[:, 0, blank_start] = -1e9
                 stats.forward_passes += 1
                 logp = torch.log_softmax(logits, dim=-1)
-                scores = logp.clone()
+                scores = logp.clone() if batch > 1 else logp
                 if batch > 1:  # rows after the first draw alternatives (Gumbel-max sampling)
                     u = torch.rand(scores.shape, generator=gen, device=self.device).clamp_(1e-9, 1 - 1e-9)
                     gumbel = -torch.log(-torch.log(u))
                     scores[1:] = scores[1:] / cfg.temperature + gumbel[1:]
                 pred = scores.argmax(dim=-1)
-                conf = sampler.confidence(logits, cfg.confidence)
+                conf = sampler.confidence(logits, cfg.confidence, logp=logp)
                 active = masked
                 if cfg.stop_at_frontier:
                     active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
@@ -473,7 +474,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 # Dream's schedule may commit nothing at an early step, as its reference does
                 one = cfg.schedule != "dream"
                 at_quota = sampler.select_commits(conf, active, need, None, at_least_one=one)
-                commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)
+                commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
                 canvas = x[:, span]
                 canvas[commit] = pred[commit]
                 picked = logp.gather(-1, pred[..., None]).squeeze(-1)
@@ -556,7 +557,7 @@ class MaskedDiffusionEngine(LocalEngine):
                         u = torch.rand(scores.shape, generator=gen, device=self.device).clamp_(1e-9, 1 - 1e-9)
                         scores = scores / cfg.temperature - torch.log(-torch.log(u))
                     pred = scores.argmax(dim=-1)
-                    conf = sampler.confidence(logits, cfg.confidence)
+                    conf = sampler.confidence(logits, cfg.confidence, logp=logp)
                     m = torch.tensor([masked], device=self.device)
                     active = m
                     if cfg.stop_at_frontier:
@@ -564,7 +565,8 @@ class MaskedDiffusionEngine(LocalEngine):
                     pool = m if cfg.stops_in_quota else active
                     need = sampler.quota(int(pool.sum()), max(1, steps - step))
                     at_quota = sampler.select_commits(conf, active, need, None)
-                    commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)[0]
+                    view = commit_rules.view(logits, active, logp=logp)
+                    commit = commit_rules.select(view, rules, at_quota)[0]
                     picked = logp[0].gather(-1, pred[0][:, None]).squeeze(-1)
                     for i in commit.nonzero().flatten().tolist():
                         canvas[i], masked[i] = int(pred[0, i]), False

@@ -14,7 +14,9 @@ import torch
 CONFIDENCE_KINDS = ("max_prob", "margin", "entropy", "leftmost")
 
 
-def confidence(logits: torch.Tensor, kind: str = "max_prob") -> torch.Tensor:
+def confidence(
+    logits: torch.Tensor, kind: str = "max_prob", logp: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-position confidence, higher = surer: top-1 probability, top-1 minus top-2, or minus entropy;
     `leftmost` ranks by position alone, so the schedule's quota fills the canvas left to right (the commit
     rules still add confident positions anywhere): a weakly adapted model whose neighbouring masks echo
@@ -22,7 +24,8 @@ def confidence(logits: torch.Tensor, kind: str = "max_prob") -> torch.Tensor:
     if kind == "leftmost":
         pos = torch.arange(logits.shape[-2], device=logits.device, dtype=torch.float32)
         return (-pos).expand(logits.shape[:-1])
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    if logp is None:  # the sampler passes the step's log-softmax: one pass over the vocabulary, not two
+        logp = torch.log_softmax(logits.float(), dim=-1)
     if kind == "max_prob":
         return logp.max(dim=-1).values.exp()
     if kind == "margin":

@@ -1,0 +1,204 @@
+"""A lean forward for the shipped Gemma3-shaped models (the embedded 5M diffusion model and its AR twin).
+
+At this size a transformers forward is mostly Python: per-call mask construction (vmapped mask
+functions), output capturing, kwargs plumbing and three projections where one matmul would do. On the
+2-core CPU that was 10–14 ms of a 4-layer canvas pass whose arithmetic takes a few. `LeanGemma3` runs
+the same weights (shared, not copied, except the fused q/k/v and gate/up matrices) with plain torch and
+answers the calls the engines make — `model(input_ids=, position_ids=, cache=, logits_to_keep=)` with a
+transformers `DynamicCache` — so the engines, their KV snapshots and the dual cache stay as they are.
+
+It only takes configurations it reproduces exactly (`supported`): full-attention layers, no logit
+soft-capping, default RoPE, no padding masks. Everything else keeps the transformers model. The engines
+check at load that both forwards agree on a real prompt before switching (`adopt`).
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+def supported(model: nn.Module) -> str | None:
+    """None when `model` is a Gemma3 text model the lean forward reproduces; else why not."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) != "gemma3_text":
+        return "not a Gemma3 text model"
+    if type(model).__name__ != "Gemma3ForCausalLM":
+        return f"class {type(model).__name__}"
+    if any(t != "full_attention" for t in cfg.layer_types):
+        return "sliding-window layers"
+    if cfg.attn_logit_softcapping is not None or cfg.final_logit_softcapping is not None:
+        return "logit soft-capping"
+    rope = (getattr(cfg, "rope_parameters", None) or {}).get("full_attention") or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"RoPE type {rope.get('rope_type')}"
+    if cfg.hidden_activation != "gelu_pytorch_tanh":
+        return f"activation {cfg.hidden_activation}"
+    for layer in model.model.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        projections = (
+            att.q_proj,
+            att.k_proj,
+            att.v_proj,
+            att.o_proj,
+            mlp.gate_proj,
+            mlp.up_proj,
+            mlp.down_proj,
+        )
+        if any(type(p) is not nn.Linear or p.bias is not None for p in projections):
+            return "quantized or biased linear layers"
+    return None
+
+
+class _Layer(nn.Module):
+    """One decoder layer's weights, q/k/v and gate/up fused into one matrix each (one matmul instead of
+    three and two); norms as (1 + w) in fp32, as Gemma3's RMSNorm applies them."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        att, mlp = layer.self_attn, layer.mlp
+        w = lambda t: t.detach()  # noqa: E731
+        self.register_buffer(
+            "qkv", torch.cat([w(att.q_proj.weight), w(att.k_proj.weight), w(att.v_proj.weight)])
+        )
+        self.register_buffer("o", w(att.o_proj.weight))
+        self.register_buffer("gate_up", torch.cat([w(mlp.gate_proj.weight), w(mlp.up_proj.weight)]))
+        self.register_buffer("down", w(mlp.down_proj.weight))
+        self.register_buffer("q_norm", 1.0 + w(att.q_norm.weight).float())
+        self.register_buffer("k_norm", 1.0 + w(att.k_norm.weight).float())
+        norms = (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+            layer.pre_feedforward_layernorm,
+            layer.post_feedforward_layernorm,
+        )
+        self.register_buffer("norms", torch.stack([1.0 + w(n.weight).float() for n in norms]))
+
+
+class LeanGemma3(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        cfg = model.config
+        self.config = cfg
+        self.bidirectional = bool(getattr(cfg, "use_bidirectional_attention", False))
+        base = model.model
+        self.embed = base.embed_tokens.weight
+        self.embed_scale = float(cfg.hidden_size) ** 0.5
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.scaling = cfg.query_pre_attn_scalar**-0.5
+        self.eps = cfg.rms_norm_eps
+        theta = cfg.rope_parameters["full_attention"]["rope_theta"]
+        inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        self.register_buffer("inv_freq", inv.to(self.embed.device), persistent=False)
+        self.layers = nn.ModuleList(_Layer(layer) for layer in base.layers)
+        self.register_buffer("final_norm", 1.0 + base.norm.weight.detach().float(), persistent=False)
+        self.lm_head = model.lm_head.weight
+        self.inner = model  # keeps the originals alive (the embedding is shared with the head)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+    def parameters(self, recurse: bool = True):  # what `describe()` counts: the original weights
+        return self.inner.parameters(recurse)
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * w.float()).type_as(x)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[:, None, :, None].float() * self.inv_freq  # (B, 1, T, D/2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        cache=None,
+        logits_to_keep: int | torch.Tensor = 0,
+        attention_mask=None,
+        use_cache: bool | None = None,
+    ):
+        if attention_mask is not None and not isinstance(attention_mask, dict):
+            raise ValueError("the lean forward takes no padding mask")
+        b, t = input_ids.shape
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + t, device=input_ids.device).unsqueeze(0)
+        position_ids = position_ids.expand(b, -1)
+        h = F.embedding(input_ids, self.embed) * torch.tensor(self.embed_scale, dtype=self.embed.dtype)
+        cos, sin = self._rope(position_ids, h.dtype)
+        mask = None
+        causal = not self.bidirectional and t > 1
+        if causal and past:  # new rows see the whole cache and the new tokens up to themselves
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=h.device).tril(past)
+            causal = False
+        q_end, k_end = self.heads * self.head_dim, (self.heads + self.kv_heads) * self.head_dim
+        for i, layer in enumerate(self.layers):
+            x = self._norm(h, layer.norms[0])
+            qkv = F.linear(x, layer.qkv)
+            q = qkv[..., :q_end].view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., q_end:k_end].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = qkv[..., k_end:].view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = self._rotate(self._norm(q, layer.q_norm), cos, sin)
+            k = self._rotate(self._norm(k, layer.k_norm), cos, sin)
+            if cache is not None:
+                k, v = cache.update(k, v, i)
+            a = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=True
+            )
+            a = F.linear(a.transpose(1, 2).reshape(b, t, -1), layer.o)
+            h = h + self._norm(a, layer.norms[1])
+            x = self._norm(h, layer.norms[2])
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            m = F.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
+            h = h + self._norm(m, layer.norms[3])
+        h = self._norm(h, self.final_norm)
+        if isinstance(logits_to_keep, int):
+            h = h[:, -logits_to_keep:] if logits_to_keep else h
+        else:
+            h = h[:, logits_to_keep]
+        return SimpleNamespace(logits=F.linear(h, self.lm_head), cache=cache)
+
+
+PROBE = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n"
+
+
+def adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
+    """(the lean forward, "lean") when it supports `model` and matches it on a probe (one full pass both
+    ways); else (`model`, why not), for `describe()`."""
+    why = supported(model)
+    probe_ids = tokenizer.encode(PROBE, add_special_tokens=False)[:64] if why is None else []
+    if why is None and not probe_ids:
+        why = "the tokenizer encodes nothing"
+    if why is None:
+        lean = LeanGemma3(model)
+        with torch.inference_mode():
+            ids = torch.tensor([probe_ids], device=lean.embed.device)
+            ref = model(input_ids=ids).logits.float()
+            got = lean(input_ids=ids).logits.float()
+        err = float((ref - got).abs().max())
+        scale = float(ref.abs().max()) or 1.0
+        if err <= 2e-3 * max(1.0, scale):
+            log.info("lean forward on (max logit difference %.2e)", err)
+            return lean, "lean"
+        why = f"it differs from transformers by {err:.3g}"
+    log.info("lean forward off: %s", why)
+    return model, f"transformers ({why})"
