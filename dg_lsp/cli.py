@@ -94,6 +94,13 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
         default=quiet,
         help="let a model directory's own Python code run (the LSP setting can only turn it off)",
     )
+    p.add_argument(
+        "--api-key-env",
+        dest="api_key_env",
+        default=quiet,
+        metavar="NAME",
+        help="for --model remote:URL: the environment variable holding its key (default DG_LSP_ENGINE_TOKEN)",
+    )
 
 
 def _add_transport_flags(p: argparse.ArgumentParser) -> None:
@@ -144,10 +151,23 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check torch, device, model and grammars, and say what is wrong")
     _add_model_flags(d)
 
-    e = sub.add_parser("serve-engine", help="serve the model over HTTP for `model = remote:http://host:port`")
+    e = sub.add_parser(
+        "serve-engine",
+        help="serve the model to a team over the FIM HTTP API on Ray Serve (`pip install -e '.[team]'`)",
+    )
     e.add_argument("--engine-port", type=int, default=8765)
     e.add_argument("--token-file", help="clients must send this file's token (also $DG_LSP_ENGINE_TOKEN)")
-    e.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request may hold the model")
+    e.add_argument("--request-timeout", type=float, default=30.0, help="seconds a request may take")
+    e.add_argument("--replicas", type=int, default=1, help="engine replicas (one per GPU on a GPU cluster)")
+    e.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this many")
+    e.add_argument("--no-batching", action="store_true", help="one request per forward pass")
+    e.add_argument("--max-batch", type=int, default=16, help="requests batched into one forward at most")
+    e.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait this long for a batch to fill")
+    e.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
+    e.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
+    e.add_argument("--cpus-per-replica", type=float, default=1.0)
+    e.add_argument("--threads", type=int, default=1, help="torch threads per replica")
+    e.add_argument("--no-ray", action="store_true", help="serve in this process (one engine, no replicas)")
     _add_model_flags(e)
 
     # Listed for --help only: main() hands `train ...` to the trainer before this parser runs.
@@ -168,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--stdio and --tcp are two transports: pass one")
     if args.command in (None, "serve", "serve-engine"):
         _force_offline()
+    if getattr(args, "api_key_env", None) and getattr(args, "model", "").startswith("remote:"):
+        # Local choice, read by the remote backend (dg_lsp/engine/remote.py); never from a setting.
+        from dg_lsp.engine.remote import KEY_ENV_ENV, KEY_URL_ENV, _norm
+
+        os.environ[KEY_ENV_ENV] = args.api_key_env
+        os.environ[KEY_URL_ENV] = _norm(args.model)
     _setup_logging(args.log_level, args.log_file)
     if args.command == "complete":
         return cmd_complete(args)
@@ -210,8 +236,7 @@ def _exit_now(code: int | None) -> NoReturn:
 
 
 def cmd_serve_engine(args: argparse.Namespace) -> int:
-    from dg_lsp.engine.loader import ModelLoadError, load_engine
-    from dg_lsp.engine.remote import load_token, serve
+    from dg_lsp.engine.remote import load_token
 
     if not _is_loopback(args.host) and not args.allow_remote:
         print(f"dg-lsp: refusing non-loopback host {args.host!r} without --allow-remote", file=sys.stderr)
@@ -224,14 +249,61 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
     if token is None and not _is_loopback(args.host):
         print("dg-lsp: off loopback, serve-engine needs --token-file or DG_LSP_ENGINE_TOKEN", file=sys.stderr)
         return 2
+    for name in ("replicas", "max_batch", "threads"):
+        if getattr(args, name) < 1:
+            print(f"dg-lsp: --{name.replace('_', '-')} must be at least 1", file=sys.stderr)
+            return 2
+    settings = _settings_from_args(args)
     try:
-        engine = load_engine(_settings_from_args(args))
+        if args.no_ray:
+            return _serve_engine_here(args, settings, token)
+        from dg_lsp.team import ray_serve
+    except ImportError as exc:
+        print(f"dg-lsp: serve-engine needs the team extra (pip install -e '.[team]'): {exc}", file=sys.stderr)
+        return 1
+    cfg = ray_serve.TeamConfig(
+        settings=settings,
+        replicas=args.replicas,
+        max_replicas=args.max_replicas,
+        batching=not args.no_batching,
+        max_batch=args.max_batch,
+        batch_wait_ms=args.batch_wait_ms,
+        cpus_per_replica=args.cpus_per_replica,
+        threads=args.threads,
+        token=token,
+        host=args.host,
+        port=args.engine_port,
+        request_timeout_s=args.request_timeout,
+    )
+    try:
+        ray_serve.serve_forever(cfg, address=args.address, num_cpus=args.num_cpus)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _serve_engine_here(args: argparse.Namespace, settings, token: str | None) -> int:
+    from dg_lsp.engine.loader import ModelLoadError, load_engine
+    from dg_lsp.team.local import InProcessServer
+
+    try:
+        engine = load_engine(settings)
     except ModelLoadError as exc:
         print(f"dg-lsp: {exc}", file=sys.stderr)
         return 1
     engine.warmup()
+    server = InProcessServer(
+        engine,
+        args.host,
+        args.engine_port,
+        token=token,
+        request_timeout_s=args.request_timeout,
+        batching=not args.no_batching,
+    )
+    auth = "bearer token required" if token else "no token (loopback only)"
+    log.info("serving %s on %s (%s, no Ray)", engine.name, server.url, auth)
     try:
-        serve(engine, args.host, args.engine_port, token=token, request_timeout_s=args.request_timeout)
+        server.serve_forever()
     except KeyboardInterrupt:
         pass
     return 0

@@ -25,7 +25,7 @@ import torch
 from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
-from dg_lsp.engine.kv import new_cache
+from dg_lsp.engine.kv import cache_kwarg, new_cache
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -37,6 +37,12 @@ Outcome = InfillResult | Cancelled | Exception
 def seq_bucket(n: int, multiple: int = SEQ_BUCKET) -> int:
     """The padded length for `n` tokens: the next multiple of `multiple`."""
     return max(multiple, -(-n // multiple) * multiple)
+
+
+def padded_model(model):
+    """The module to run padded batches on: a forward that takes no padding mask (the lean Gemma3
+    forward, dg_lsp/engine/lean.py) wraps the transformers model as `inner`, which does."""
+    return getattr(model, "inner", model)
 
 
 def shape_buckets(lengths: Sequence[int], buckets: Sequence[int]) -> dict[int, list[int]]:
@@ -174,7 +180,7 @@ class BatchedMasked:
                 return
             idx = torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in live])
             t0 = time.perf_counter()
-            logits = eng.model(
+            logits = padded_model(eng.model)(
                 input_ids=x[idx], attention_mask=attn[idx], position_ids=pos[idx], use_cache=False, **keep
             ).logits
             logits = logits if keep else logits[:, lo : lo + length]
@@ -278,13 +284,15 @@ class BatchedAR:
         cancelled = [False] * n
         newline = eng.newline_ids()
         with torch.inference_mode():
-            cache = new_cache(eng.model.config)
-            out = eng.model(
+            cache = new_cache(padded_model(eng.model).config)
+            model = padded_model(eng.model)
+            cache_arg = cache_kwarg(model.forward) or eng.cache_arg
+            out = model(
                 input_ids=x,
                 attention_mask=attn,
                 position_ids=pos,
                 use_cache=True,
-                **{eng.cache_arg: cache},
+                **{cache_arg: cache},
                 **eng._last,
             )
             self.forwards += 1
@@ -320,12 +328,12 @@ class BatchedAR:
                     break
                 attn = torch.cat([attn, (~torch.tensor(done, device=eng.device)).long()[:, None]], dim=1)
                 pos = pos[:, -1:] + 1
-                out = eng.model(
+                out = model(
                     input_ids=nxt,
                     attention_mask=attn,
                     position_ids=pos,
                     use_cache=True,
-                    **{eng.cache_arg: cache},
+                    **{cache_arg: cache},
                     **eng._last,
                 )
                 self.forwards += 1

@@ -1,35 +1,40 @@
-"""A team inference server and its client, stdlib only (http.server + urllib, JSON bodies).
+"""The remote backend (`model = remote:URL`): an engine reached over the FIM HTTP convention.
 
-Protocol: `POST /infill` {id, request fields} → {candidates, stats} or 409 {cancelled}; `POST /cancel`
-{id}; `GET /describe`. The server runs one request at a time on its resident engine; a newer request
-for the same `doc_key` cancels the older one between steps, like the language server's worker.
-The client polls `should_cancel` while waiting and forwards a cancel, so the `InfillEngine` contract
-(cancel between steps) holds across the network.
+It talks to a team's `dg-lsp serve-engine` (dg_lsp/team/), or to any server with Mistral Codestral's /
+Inception Mercury's `POST /v1/fim/completions`. `GET /v1/models` tells which: a model `owned_by`
+"dg-lsp" accepts dg-lsp's extra fields (steps, seed, document, request id) and `POST /v1/fim/cancel`;
+anything else gets the plain FIM body. A URL whose path ends in `/completions` is used as the endpoint
+as it is (DeepSeek's `https://api.deepseek.com/beta/completions`); a `#name` after the URL names the
+model to ask for (`remote:https://api.mistral.ai#codestral-latest`).
+
+Which secret is sent is never a workspace setting's choice: a setting arrives over the editor's socket
+and could aim another service's key at a server that logs it. The key is read from an environment
+variable named locally: `--api-key-env NAME` on the command line (for the `--model remote:URL` given
+there), `remote_api_keys = {"URL" = "NAME"}` in ~/.config/dg-lsp/config.toml, else
+`DG_LSP_ENGINE_TOKEN`. Its value is read per request, sent only as `Authorization: Bearer`, and never
+logged or shown (errors name the variable, not the value).
+
+Transport: urllib3 with its `Retry` (connection failures, and 502/503 from a restarting replica or a
+full queue, with backoff; a FIM completion has no side effects, so POST is retried too), no proxies (the
+code and the key go to the engine named, not to whatever `HTTP_PROXY` says), no redirects.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hmac
-import ipaddress
 import json
 import logging
 import os
-import threading
-import time
-import urllib.error
-import urllib.request
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, fields
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from dg_lsp.engine.types import (
     Cancelled,
     Candidate,
-    InfillEngine,
     InfillRequest,
     InfillResult,
     InfillStats,
@@ -38,60 +43,54 @@ from dg_lsp.engine.types import (
 
 log = logging.getLogger(__name__)
 
-_REQUEST_FIELDS = [f.name for f in fields(InfillRequest) if f.name != "syntax_ok"]
-_STATS_FIELDS = [f.name for f in fields(InfillStats)]
-
-
-def request_to_json(request: InfillRequest) -> dict[str, Any]:
-    return {name: getattr(request, name) for name in _REQUEST_FIELDS}
-
-
-def request_from_json(data: dict[str, Any]) -> InfillRequest:
-    return InfillRequest(**{k: v for k, v in data.items() if k in _REQUEST_FIELDS})
-
-
-def result_to_json(result: InfillResult) -> dict[str, Any]:
-    return {
-        "candidates": [{"text": c.text, "mean_logprob": c.mean_logprob} for c in result.candidates],
-        "stats": asdict(result.stats),
-    }
-
-
-def result_from_json(data: dict[str, Any]) -> InfillResult:
-    cands = [
-        Candidate(text=c["text"], mean_logprob=float(c.get("mean_logprob", 0.0))) for c in data["candidates"]
-    ]
-    stats = InfillStats(**{k: v for k, v in data.get("stats", {}).items() if k in _STATS_FIELDS})
-    return InfillResult(cands, stats)
-
-
-# -- server ---------------------------------------------------------------------------------------
-
-MAX_BODY = 4 * 1024 * 1024
-"""An editor sends windows of about 1,000 tokens (a few KB); 4 MB leaves room and bounds memory."""
-MAX_PROMPT_CHARS = 512 * 1024
-"""Prefix plus suffix: tokenizing 20 MB used to hold the model for a minute."""
-MAX_CANDIDATES = 32
-MAX_TOKENS = 1024
-MAX_CONCURRENT = 16
-"""Requests in progress (waiting for the model included); more get 503 instead of a thread each."""
-READ_TIMEOUT_S = 10.0
 TOKEN_ENV = "DG_LSP_ENGINE_TOKEN"
+"""The default variable holding the key, and the server's own token (`dg-lsp serve-engine`)."""
+KEY_ENV_ENV = "DG_LSP_API_KEY_ENV"
+"""Set by `--api-key-env NAME`: which variable holds the key for the engine named on the command line."""
+KEY_URL_ENV = "DG_LSP_API_KEY_URL"
+"""... and that engine's URL: the named variable is sent there and nowhere else."""
 TOKEN_CAP = 4096
-_LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+MAX_RESPONSE = 16 * 1024 * 1024
+_STATS_FIELDS = set(InfillStats.__dataclass_fields__)
 
 
-class BadRequest(Exception):
-    """A request the server will not run: (HTTP status, reason for the client)."""
+class RemoteError(RuntimeError):
+    """The remote server failed or could not be reached; the message is user-readable."""
 
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
         self.status = status
-        self.reason = reason
 
 
-def load_token(path: str | None, environ: dict[str, str] | None = None) -> str | None:
-    """The shared secret: the first line of `path` (a regular file), else `$DG_LSP_ENGINE_TOKEN`."""
+def fim_body(request: InfillRequest, model: str | None, extras: bool, request_id: str | None = None) -> dict:
+    """The JSON body for `request`; without `extras` only the fields every FIM server knows. A single-line
+    span is `stop: ["\\n"]`, the convention's way to ask for one line."""
+    body: dict[str, Any] = {
+        "prompt": request.prefix,
+        "suffix": request.suffix,
+        "max_tokens": request.max_tokens,
+        "temperature": 0.0,
+        "n": request.num_candidates,
+    }
+    if model:
+        body["model"] = model
+    if request.single_line:
+        body["stop"] = ["\n"]
+    if extras:
+        body.update(seed=request.seed, blank_start=request.blank_start)
+        optional = {
+            "steps": request.steps,
+            "document": request.doc_key,
+            "language": request.language,
+            "deadline_ms": request.deadline_ms,
+            "request_id": request_id,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+    return body
+
+
+def load_token(path: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The server's shared secret: the first line of `path` (a regular file), else `$DG_LSP_ENGINE_TOKEN`."""
     from dg_lsp.files import read_regular_file
 
     if path:
@@ -103,333 +102,190 @@ def load_token(path: str | None, environ: dict[str, str] | None = None) -> str |
     return token or None
 
 
-def _whole(data: dict[str, Any], name: str, lo: int, hi: int, optional: bool = False) -> None:
-    value = data.get(name)
-    if value is None and (optional or name not in data):
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise BadRequest(400, f"{name} must be a whole number from {lo} to {hi}")
+def api_key_env(url: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The name of the variable whose value is sent to `url`, from local choices only (see above)."""
+    from dg_lsp.settings import _read_config, config_path
+
+    if environ.get(KEY_ENV_ENV, "").strip() and environ.get(KEY_URL_ENV, "") == _norm(url):
+        return environ[KEY_ENV_ENV].strip()
+    config, _ = _read_config(config_path(environ))
+    table = config.get("remote_api_keys")
+    if isinstance(table, dict):
+        for key, name in table.items():
+            if isinstance(key, str) and isinstance(name, str) and _norm(key) == _norm(url) and name.strip():
+                return name.strip()
+    return TOKEN_ENV
 
 
-def _text(data: dict[str, Any], name: str, optional: bool = True) -> None:
-    value = data.get(name)
-    if value is None and optional:
-        return
-    if not isinstance(value, str):
-        raise BadRequest(400, f"{name} must be a string")
-
-
-def validate_infill(data: Any) -> InfillRequest:
-    """An `InfillRequest` from a JSON body, every field typed and bounded; `BadRequest` otherwise."""
-    if not isinstance(data, dict):
-        raise BadRequest(400, "the body must be a JSON object")
-    _text(data, "prefix", optional=False)
-    _text(data, "suffix", optional=False)
-    if len(data["prefix"]) + len(data["suffix"]) > MAX_PROMPT_CHARS:
-        raise BadRequest(413, f"prefix and suffix exceed {MAX_PROMPT_CHARS} characters")
-    _whole(data, "max_tokens", 1, MAX_TOKENS)
-    _whole(data, "num_candidates", 1, MAX_CANDIDATES)
-    _whole(data, "steps", 0, 100_000, optional=True)  # time, not steps, is what the server caps
-    _whole(data, "seed", 0, 2**63 - 1)
-    for name in ("language", "doc_key"):
-        _text(data, name)
-        if isinstance(data.get(name), str) and len(data[name]) > 4096:
-            raise BadRequest(400, f"{name} is too long")
-    for name in ("single_line", "blank_start"):
-        if name in data and not isinstance(data[name], bool):
-            raise BadRequest(400, f"{name} must be true or false")
-    deadline = data.get("deadline_ms")
-    if deadline is not None and (
-        isinstance(deadline, bool) or not isinstance(deadline, int | float) or not 0 <= deadline <= 3.6e6
-    ):
-        raise BadRequest(400, "deadline_ms must be a number of milliseconds")
-    return request_from_json(data)
-
-
-class _State:
-    def __init__(self, engine: InfillEngine, token: str | None, request_timeout_s: float):
-        self.engine = engine
-        self.token = token
-        self.request_timeout_s = request_timeout_s
-        self.model_lock = threading.Lock()  # one request on the model at a time
-        self.slots = threading.BoundedSemaphore(MAX_CONCURRENT)
-        self.lock = threading.Lock()
-        self.cancelled: set[str] = set()
-        self.latest: dict[str, str] = {}  # doc_key -> newest request id
-
-    def should_cancel(self, rid: str, doc_key: str | None) -> bool:
-        with self.lock:
-            superseded = doc_key is not None and self.latest.get(doc_key) != rid
-            return rid in self.cancelled or superseded
-
-
-def make_server(
-    engine: InfillEngine,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    request_timeout_s: float = 30.0,
-) -> ThreadingHTTPServer:
-    """A ready (not yet serving) HTTP server around `engine`; port 0 picks a free port.
-
-    Every request is bounded (body, prompt, candidates, time on the model), refused when a browser sent
-    it (an `Origin` header, or a `Host` that is not loopback on a loopback server: DNS rebinding), and
-    needs `Authorization: Bearer TOKEN` when a token is set.
-    """
-    state = _State(engine, token, request_timeout_s)
-    loopback = _is_loopback_host(host)
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = READ_TIMEOUT_S  # a client that stops sending mid-body frees its thread
-
-        def log_message(self, fmt, *args):  # route through logging, not stderr
-            log.debug("remote: " + fmt, *args)
-
-        def _send(self, code: int, body: dict[str, Any], close: bool = False) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            if close:
-                self.send_header("Connection", "close")
-                self.close_connection = True
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def _gate(self) -> None:
-            """Who may ask at all: not a browser, and the token holder when there is a token."""
-            if self.headers.get("Origin") is not None:
-                raise BadRequest(403, "cross-origin requests are refused")
-            host = (self.headers.get("Host") or "").rsplit(":", 1)[0] if self.headers.get("Host") else ""
-            if loopback and host and host.lower() not in _LOOPBACK_NAMES:
-                raise BadRequest(403, "this server answers loopback host names only")
-            if state.token is not None and self.path != "/health":  # liveness checks need no secret
-                given = self.headers.get("Authorization") or ""
-                if not hmac.compare_digest(given.encode(), f"Bearer {state.token}".encode()):
-                    raise BadRequest(401, "a valid bearer token is required")
-
-        def _body(self) -> dict[str, Any]:
-            if self.headers.get("Transfer-Encoding"):
-                raise BadRequest(411, "send a Content-Length, not a chunked body")
-            raw_length = self.headers.get("Content-Length")
-            if raw_length is None:
-                raise BadRequest(411, "Content-Length required")
-            if not raw_length.strip().isdigit() or len(raw_length.strip()) > 15:
-                raise BadRequest(400, "bad Content-Length")
-            length = int(raw_length)
-            if length > MAX_BODY:
-                raise BadRequest(413, f"body over {MAX_BODY} bytes")
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-            if content_type != "application/json":
-                raise BadRequest(415, "Content-Type must be application/json")
-            try:
-                raw = self.rfile.read(length)
-            except TimeoutError:
-                raise BadRequest(408, "the body did not arrive in time") from None
-            if len(raw) < length:
-                raise BadRequest(400, "the body is shorter than its Content-Length")
-            try:
-                data = json.loads(raw)
-            except (ValueError, RecursionError):
-                raise BadRequest(400, "the body is not valid JSON") from None
-            if not isinstance(data, dict):
-                raise BadRequest(400, "the body must be a JSON object")
-            return data
-
-        def _answer(self, work) -> None:
-            if not state.slots.acquire(blocking=False):
-                self._send(503, {"error": "too many requests in progress"}, close=True)
-                return
-            try:
-                self._gate()
-                work()
-            except BadRequest as exc:
-                # The body may be unread (refused before reading): this connection cannot be reused.
-                self._send(exc.status, {"error": exc.reason}, close=True)
-            except Exception as exc:  # the server keeps serving whatever one request did
-                log.exception("remote request failed")
-                self._send(500, {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}, close=True)
-            finally:
-                state.slots.release()
-
-        def do_GET(self):
-            self._answer(self._get)
-
-        def do_POST(self):
-            self._answer(self._post)
-
-        def _get(self) -> None:
-            if self.path == "/describe":
-                self._send(200, dict(state.engine.describe()))
-            elif self.path == "/health":
-                self._send(200, {"ok": True})
-            else:
-                self._send(404, {"error": "not found"})
-
-        def _post(self) -> None:
-            if self.path not in ("/cancel", "/infill"):
-                raise BadRequest(404, "not found")
-            body = self._body()
-            if self.path == "/cancel":
-                with state.lock:
-                    if len(state.cancelled) < 10_000:
-                        state.cancelled.add(str(body.get("id"))[:100])
-                self._send(200, {"ok": True})
-                return
-            rid = str(body.pop("id", None) or uuid.uuid4().hex)[:100]
-            request = validate_infill(body)
-            self._infill(rid, request)
-
-        def _infill(self, rid: str, request: InfillRequest) -> None:
-            limit = state.request_timeout_s
-            budget = limit * 1000 if request.deadline_ms is None else min(request.deadline_ms, limit * 1000)
-            request = dataclasses.replace(request, deadline_ms=budget)
-            with state.lock:
-                if request.doc_key is not None:
-                    state.latest[request.doc_key] = rid
-            if not state.model_lock.acquire(timeout=limit):
-                raise BadRequest(503, f"the model was busy for {limit:g} s")
-            deadline = time.monotonic() + limit
-            expired = False
-
-            def should_cancel() -> bool:
-                nonlocal expired
-                expired = time.monotonic() > deadline
-                return expired or state.should_cancel(rid, request.doc_key)
-
-            try:
-                result = state.engine.infill(request, should_cancel)
-            except Cancelled:
-                if expired:
-                    raise BadRequest(504, f"the request took longer than {limit:g} s") from None
-                self._send(409, {"cancelled": True})
-                return
-            finally:
-                state.model_lock.release()
-                with state.lock:
-                    state.cancelled.discard(rid)
-                    if request.doc_key is not None and state.latest.get(request.doc_key) == rid:
-                        del state.latest[request.doc_key]
-            self._send(200, result_to_json(result))
-
-    return ThreadingHTTPServer((host, port), Handler)
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def serve(
-    engine: InfillEngine,
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    token: str | None = None,
-    request_timeout_s: float = 30.0,
-) -> None:
-    """Serve `engine` until interrupted (what `dg-lsp serve-engine` runs)."""
-    server = make_server(engine, host, port, token, request_timeout_s)
-    auth = "bearer token required" if token else "no token (loopback only)"
-    log.info("serving %s on http://%s:%d (%s)", engine.name, *server.server_address[:2], auth)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-
-
-# -- client ---------------------------------------------------------------------------------------
-
-
-class RemoteError(RuntimeError):
-    """The remote server failed or could not be reached; the message is user-readable."""
-
-
-MAX_RESPONSE = 16 * 1024 * 1024
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect would carry the request (and its token) to a server nobody allowed."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
-
-
-# No proxies: the bearer token and the user's code go to the engine named, not to whatever
-# HTTP_PROXY says.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
+def _norm(url: str) -> str:
+    return url.removeprefix("remote:").strip().split("#", 1)[0].rstrip("/")
 
 
 class RemoteEngine:
-    """`InfillEngine` over HTTP; polls `should_cancel` every `poll_s` while the server works.
-
-    Sends `Authorization: Bearer $DG_LSP_ENGINE_TOKEN` when that variable is set (it is never logged).
-    """
+    """`InfillEngine` over the FIM HTTP API; polls `should_cancel` every `poll_s` while the server works."""
 
     name = "remote"
 
-    def __init__(self, url: str, timeout_s: float = 30.0, poll_s: float = 0.01, check: bool = True):
-        self.url = url.rstrip("/")
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float = 30.0,
+        poll_s: float = 0.01,
+        check: bool = True,
+        retries: int = 3,
+        environ: Mapping[str, str] | None = None,
+    ):
+        import urllib3
+
+        base, _, model = url.strip().partition("#")
+        self.url = base.rstrip("/")
+        self.model: str | None = model or None
+        path = urlsplit(self.url).path
+        if path.endswith("/completions"):
+            self.endpoint, self.root = self.url, self.url.rsplit("/", 1)[0]
+        else:
+            self.endpoint, self.root = self.url + "/v1/fim/completions", self.url
         self.timeout_s = timeout_s
         self.poll_s = poll_s
+        self._environ = os.environ if environ is None else environ
+        self.key_env = api_key_env(self.url, self._environ)
+        self.extras = False
+        retry = urllib3.Retry(
+            total=retries,
+            connect=retries,
+            read=0,  # a read timeout means the server is working on it: do not start it twice
+            status=retries,
+            status_forcelist=(502, 503),
+            allowed_methods=None,  # POST too: a completion changes nothing on the server
+            backoff_factor=0.1,
+            backoff_max=2.0,
+            raise_on_status=False,
+            respect_retry_after_header=True,
+            redirect=0,
+            raise_on_redirect=False,
+        )
+        self._http = urllib3.PoolManager(num_pools=4, maxsize=8, retries=retry)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dg-lsp-remote")
         self._remote: dict[str, str] = {}
         if check:
             from dg_lsp.engine.loader import ModelLoadError
 
             try:
-                self._remote = self._call("GET", "/describe")
+                self._discover()
             except RemoteError as exc:
                 raise ModelLoadError(f"remote engine at {self.url} is not reachable: {exc}") from exc
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        token = os.environ.get(TOKEN_ENV, "").strip()
-        if token:
-            req.add_unredirected_header("Authorization", f"Bearer {token}")
+    def _discover(self) -> None:
+        """Ask `GET /v1/models` which model to name and whether the server is a dg-lsp one."""
         try:
-            with _OPENER.open(req, timeout=self.timeout_s) as resp:
-                return _json_object(resp.read(MAX_RESPONSE + 1))
-        except urllib.error.HTTPError as exc:
-            try:
-                payload = _json_object(exc.read(64 * 1024) or b"{}")
-            except RemoteError:
-                payload = {}
-            if exc.code == 409 and payload.get("cancelled"):
-                raise Cancelled() from None
-            raise RemoteError(str(payload.get("error") or f"HTTP {exc.code}")) from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise RemoteError(str(getattr(exc, "reason", exc))) from None
+            data = self._call("GET", self.root + "/v1/models")
+        except RemoteError as exc:
+            if exc.status != 404:
+                raise
+            data = {}  # a FIM server without a model list: plain FIM, the model from `#name` or none
+        entries = [e for e in data.get("data") or [] if isinstance(e, dict)]
+        ours = [e for e in entries if e.get("owned_by") == "dg-lsp"]
+        self.extras = bool(ours)
+        if self.model is None and entries:
+            self.model = str((ours or entries)[0].get("id") or "") or None
+        described = (ours[0].get("dg_lsp") if ours else None) or {}
+        self._remote = {str(k): str(v) for k, v in described.items()} if isinstance(described, dict) else {}
+
+    def _call(self, method: str, url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        import urllib3
+
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        key = self._environ.get(self.key_env, "").strip()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        data = None if body is None else json.dumps(body).encode()
+        try:
+            resp = self._http.request(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=min(5.0, self.timeout_s), read=self.timeout_s),
+                redirect=False,
+                preload_content=False,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            reason = getattr(exc, "reason", None) or exc
+            raise RemoteError(_scrub(str(reason), key)) from None
+        try:
+            raw = resp.read(MAX_RESPONSE + 1)
+        finally:
+            resp.release_conn()
+        if 300 <= resp.status < 400:
+            raise RemoteError(f"redirect to {resp.headers.get('Location', '?')} refused")
+        payload = _json_object(raw) if raw else {}
+        if resp.status == 409 and payload.get("cancelled"):
+            raise Cancelled()
+        if resp.status == 401:
+            raise RemoteError(f"the engine refused the key (HTTP 401): set ${self.key_env}", 401)
+        if resp.status >= 400:
+            error = payload.get("error") or payload.get("message") or payload.get("detail") or ""
+            raise RemoteError(_scrub(f"HTTP {resp.status}: {str(error)[:300]}", key), resp.status)
+        return payload
 
     def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
-        rid = uuid.uuid4().hex
+        rid = f"cmpl-{uuid.uuid4().hex}"
         if should_cancel is not None and should_cancel():
             raise Cancelled()
-        future = self._pool.submit(self._call, "POST", "/infill", {"id": rid, **request_to_json(request)})
+        body = fim_body(request, self.model, self.extras, rid)
+        future = self._pool.submit(self._call, "POST", self.endpoint, body)
         while True:
             try:
-                data = future.result(timeout=self.poll_s)
-                return result_from_json(data)
-            except TimeoutError:
+                return self._result(future.result(timeout=self.poll_s), request)
+            except FutureTimeout:
                 if should_cancel is not None and should_cancel():
-                    try:
-                        self._call("POST", "/cancel", {"id": rid})
-                    except RemoteError:
-                        pass
+                    if self.extras:
+                        try:
+                            self._call("POST", self.root + "/v1/fim/cancel", {"request_id": rid})
+                        except (RemoteError, Cancelled):
+                            pass
                     raise Cancelled() from None
 
+    def _result(self, data: dict[str, Any], request: InfillRequest) -> InfillResult:
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            raise RemoteError("the engine's answer has no choices")
+        cands = []
+        for choice in choices[: max(1, request.num_candidates)]:
+            if not isinstance(choice, dict) or not isinstance(choice.get("text"), str):
+                raise RemoteError("the engine's answer has a choice without text")
+            score = choice.get("mean_logprob")
+            score = float(score) if isinstance(score, int | float) and not isinstance(score, bool) else 0.0
+            cands.append(Candidate(text=choice["text"], mean_logprob=score))
+        raw_stats = (data.get("dg_lsp") or {}).get("stats") if isinstance(data.get("dg_lsp"), dict) else None
+        if isinstance(raw_stats, dict):
+            stats = InfillStats(**{k: v for k, v in raw_stats.items() if k in _STATS_FIELDS})
+        else:
+            usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+            stats = InfillStats(
+                generated_tokens=int(usage.get("completion_tokens") or 0),
+                prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            )
+        return InfillResult(cands, stats)
+
     def warmup(self) -> None:
-        self._call("GET", "/health")
+        self._call("GET", self.root + "/health") if self.extras else None
 
     def describe(self) -> dict[str, str]:
-        remote = {f"remote_{k}": str(v) for k, v in self._remote.items()}
-        return {"backend": self.name, "model": self.url, **remote}
+        remote = {f"remote_{k}": v for k, v in self._remote.items()}
+        return {
+            "backend": self.name,
+            "model": self.url,
+            "fim_model": str(self.model),
+            "api": "dg-lsp FIM" if self.extras else "FIM",
+            "key_from": f"${self.key_env}",
+            **remote,
+        }
+
+
+def _scrub(text: str, key: str) -> str:
+    """Error text with the key removed, whatever a server or library put in it."""
+    return text.replace(key, "***") if key else text
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -1,5 +1,7 @@
-"""`dg-lsp serve-engine` as a real process: every malformed or hostile request gets a 4xx at once, one
-slow request cannot hold the model past its time limit, and a token guards it when one is set.
+"""`dg-lsp serve-engine --no-ray` as a real process (the same FastAPI app the Ray ingress runs, on
+uvicorn): every malformed or hostile request gets a 4xx at once, one slow request cannot hold the model
+past its time limit, and a token guards it when one is set. The Ray deployment's own tests are in
+tests/team/test_ray_serve.py (slow).
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("uvicorn", reason="the team server needs fastapi and uvicorn: pip install -e '.[test]'")
+
 from dg_lsp.engine.remote import RemoteEngine
 from dg_lsp.engine.types import InfillRequest
 
-INFILL = {"prefix": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 8, "steps": 2}
+INFILL = {"prompt": "def add(a, b):\n    return ", "suffix": "\n", "max_tokens": 8, "steps": 2}
+FIM = "/v1/fim/completions"
 
 
 def _free_port() -> int:
@@ -37,6 +42,7 @@ def serve_engine(model: Path, log_path: Path, *args: str, env: dict | None = Non
         "-m",
         "dg_lsp",
         "serve-engine",
+        "--no-ray",
         "--model",
         str(model),
         "--engine-port",
@@ -86,13 +92,16 @@ def _raw(port: int, data: bytes, timeout: float = 30) -> tuple[int, dict]:
             pass
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1."), answer[:200]
-    return int(head.split()[1]), json.loads(body or b"{}")
+    try:
+        return int(head.split()[1]), json.loads(body or b"{}")
+    except ValueError:  # framing errors are answered by uvicorn itself, in plain text
+        return int(head.split()[1]), {"error": body.decode(errors="replace")}
 
 
 def _post(body: bytes, headers: bytes = b"", length: bytes | None = None) -> bytes:
     length = b"%d" % len(body) if length is None else length
     return (
-        b"POST /infill HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"POST /v1/fim/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + headers
         + (b"Content-Length: " + length + b"\r\n" if length != b"none" else b"")
         + b"\r\n"
@@ -112,19 +121,23 @@ MALFORMED = {
     "string": (_post(b'"x"'), 400),
     "deep nesting": (_post(b"[" * 100_000 + b"]" * 100_000), 400),
     "not json": (_post(b"{oops"), 400),
-    "not utf-8": (_post(b'{"prefix": "\xff"}'), 400),
+    "not utf-8": (_post(b'{"prompt": "\xff"}'), 400),
     "text/plain": (_post(GOOD).replace(b"application/json", b"text/plain;charset=UTF-8"), 415),
     "foreign origin": (_post(GOOD, b"Origin: https://evil.example\r\n"), 403),
     "foreign host": (_post(GOOD).replace(b"Host: 127.0.0.1", b"Host: evil.example"), 403),
-    "origin on GET": (b"GET /describe HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: null\r\n\r\n", 403),
-    "100k candidates": (_post(json.dumps({**INFILL, "num_candidates": 100_000}).encode()), 400),
+    "origin on GET": (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: null\r\n\r\n", 403),
+    "100k candidates": (_post(json.dumps({**INFILL, "n": 100_000}).encode()), 400),
     "10^9 tokens": (_post(json.dumps({**INFILL, "max_tokens": 10**9}).encode()), 400),
     "seed 2^70": (_post(json.dumps({**INFILL, "seed": 2**70}).encode()), 400),
-    "prefix not a string": (_post(json.dumps({**INFILL, "prefix": 5}).encode()), 400),
-    "no suffix": (_post(json.dumps({"prefix": "x"}).encode()), 400),
-    "1 MB prompt": (_post(json.dumps({**INFILL, "prefix": "x = 1\n" * 180_000}).encode()), 413),
+    "prompt not a string": (_post(json.dumps({**INFILL, "prompt": 5}).encode()), 400),
+    "no prompt": (_post(json.dumps({"suffix": "x"}).encode()), 400),
+    "stream": (_post(json.dumps({**INFILL, "stream": True}).encode()), 400),
+    "1 MB prompt": (
+        _post(json.dumps({**INFILL, "prompt": "x = 1\n" * 90_000, "suffix": "y\n" * 120_000}).encode()),
+        413,
+    ),
     "20 MB body, unsent": (_post(b"", length=b"20000000"), 413),
-    "unknown path": (_post(GOOD).replace(b"/infill", b"/admin"), 404),
+    "unknown path": (_post(GOOD).replace(b"/v1/fim/completions", b"/admin"), 404),
 }
 
 
@@ -138,10 +151,10 @@ def test_every_malformed_or_hostile_request_gets_a_4xx_at_once(tmp_path, tiny_mo
             assert time.monotonic() - started < 10, name
             assert _request("GET", port, "/health")[0] == 200, name
         # A body that stops arriving frees its thread after the read timeout, with an answer.
-        got, body = _raw(port, _post(b'{"prefix": ', length=b"100"), timeout=30)
+        got, body = _raw(port, _post(b'{"prompt": ', length=b"100"), timeout=30)
         assert got == 408, body
-        status, result = _request("POST", port, "/infill", INFILL)
-        assert status == 200 and result["stats"]["forward_passes"] == 2
+        status, result = _request("POST", port, FIM, INFILL)
+        assert status == 200 and result["dg_lsp"]["stats"]["forward_passes"] == 2
         log = (tmp_path / "engine.log").read_text()
         assert "Traceback" not in log
 
@@ -150,14 +163,14 @@ def test_one_slow_request_cannot_hold_the_model_past_its_limit(tmp_path, tiny_mo
     """100,000 steps on every block of 1,024 tokens would run for hours; the server's limit (its deadline
     caps the steps, and a hard stop between steps backs it) ends it within about a second."""
     with serve_engine(tiny_model_dir, tmp_path / "engine.log", "--request-timeout", "1") as port:
-        _request("POST", port, "/infill", INFILL)  # warm
-        slow = {**INFILL, "max_tokens": 1024, "steps": 100_000, "num_candidates": 32, "deadline_ms": 3.6e6}
+        _request("POST", port, FIM, INFILL)  # warm
+        slow = {**INFILL, "max_tokens": 1024, "steps": 100_000, "n": 32, "deadline_ms": 3.6e6}
         started = time.monotonic()
-        status, body = _request("POST", port, "/infill", slow)
+        status, body = _request("POST", port, FIM, slow)
         assert time.monotonic() - started < 5
         assert status == 200 or (status == 504 and "longer than 1 s" in body["error"]), body
         started = time.monotonic()
-        assert _request("POST", port, "/infill", INFILL)[0] == 200
+        assert _request("POST", port, FIM, INFILL)[0] == 200
         assert time.monotonic() - started < 5
 
 
@@ -167,15 +180,15 @@ def test_a_token_guards_the_engine_and_the_client_sends_it(tmp_path, tiny_model_
     token_file.write_text(secret + "\n")
     log = tmp_path / "engine.log"
     with serve_engine(tiny_model_dir, log, "--token-file", str(token_file)) as port:
-        assert _request("POST", port, "/infill", INFILL)[0] == 401
-        assert _request("POST", port, "/infill", INFILL, {"Authorization": "Bearer wrong"})[0] == 401
-        assert _request("GET", port, "/describe")[0] == 401
-        status, _ = _request("POST", port, "/infill", INFILL, {"Authorization": f"Bearer {secret}"})
+        assert _request("POST", port, FIM, INFILL)[0] == 401
+        assert _request("POST", port, FIM, INFILL, {"Authorization": "Bearer wrong"})[0] == 401
+        assert _request("GET", port, "/v1/models")[0] == 401
+        status, _ = _request("POST", port, FIM, INFILL, {"Authorization": f"Bearer {secret}"})
         assert status == 200
         monkeypatch.setenv("DG_LSP_ENGINE_TOKEN", secret)
         client = RemoteEngine(f"http://127.0.0.1:{port}")
         assert (
-            client.infill(InfillRequest(INFILL["prefix"], "\n", max_tokens=8, steps=2)).stats.forward_passes
+            client.infill(InfillRequest(INFILL["prompt"], "\n", max_tokens=8, steps=2)).stats.forward_passes
             == 2
         )
     assert secret not in log.read_text()

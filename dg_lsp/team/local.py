@@ -1,0 +1,189 @@
+"""Running requests on a loaded engine, batched: shared by each Ray replica and the in-process server.
+
+`EngineRunner` turns a list of requests into outcomes with one batched forward per step when the backend
+has a batched path (`dg_lsp/engine/batching.py`), and one request after another through `engine.infill`
+otherwise. With batching off it still goes through the batched code, one request per batch, so that
+"batching on vs off" measures the batching and nothing else.
+
+`LocalBackend` is the server without Ray (`dg-lsp serve-engine --no-ray`, and the tests of the HTTP
+layer): one thread owns the model, and whatever waited while it worked runs as the next batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from dg_lsp.engine.batching import Outcome, batcher_for
+from dg_lsp.engine.types import Cancelled, InfillEngine, InfillRequest, InfillResult
+
+log = logging.getLogger(__name__)
+
+
+class EngineRunner:
+    def __init__(self, engine: InfillEngine, batching: bool = True) -> None:
+        self.engine = engine
+        self.batching = batching
+        self.batcher = batcher_for(engine)
+        self.batches = 0
+        self.requests = 0
+
+    @property
+    def max_batch(self) -> int:
+        return 1 if not self.batching or self.batcher is None else 64
+
+    def run(self, requests: Sequence[InfillRequest], cancels: Sequence[Callable[[], bool]]) -> list[Outcome]:
+        """One outcome per request: a result, `Cancelled`, or the exception that request raised."""
+        self.batches += 1
+        self.requests += len(requests)
+        if self.batcher is not None:
+            try:
+                return self.batcher.run(requests, cancels)
+            except Exception as exc:  # one bad batch fails its requests, not the replica
+                log.exception("team server: batch of %d failed", len(requests))
+                return [exc] * len(requests)
+        out: list[Outcome] = []
+        for request, cancel in zip(requests, cancels, strict=True):
+            try:
+                out.append(self.engine.infill(request, cancel))
+            except Exception as exc:  # Cancelled included
+                out.append(exc)
+        return out
+
+
+def hard_stop(request: InfillRequest, is_cancelled: Callable[[], bool]) -> Callable[[], bool]:
+    """`should_cancel` for one request: cancelled, or past its deadline (which the engine also uses to
+    cap its steps; this stops it between steps if the estimate was wrong)."""
+    limit = None if request.deadline_ms is None else time.monotonic() + request.deadline_ms / 1000 + 0.5
+    return lambda: is_cancelled() or (limit is not None and time.monotonic() > limit)
+
+
+class LocalBackend:
+    """`api.Backend` in this process: requests queue for one model thread, which takes them in batches."""
+
+    def __init__(self, engine: InfillEngine, batching: bool = True, max_batch: int = 16) -> None:
+        self.runner = EngineRunner(engine, batching)
+        self.max_batch = min(max_batch, self.runner.max_batch)
+        self._cv = threading.Condition()
+        self._queue: list[tuple[str, InfillRequest, asyncio.Future, asyncio.AbstractEventLoop]] = []
+        self._live: set[str] = set()
+        self._cancelled: set[str] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name="dg-lsp-team-model", daemon=True)
+        self._thread.start()
+
+    async def complete(self, rid: str, request: InfillRequest) -> InfillResult:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        with self._cv:
+            self._live.add(rid)
+            self._queue.append((rid, request, future, loop))
+            self._cv.notify()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            await self.cancel(rid)
+            raise
+
+    async def cancel(self, rid: str) -> None:
+        with self._cv:
+            if rid in self._live:  # unknown ids are not kept: the set stays bounded
+                self._cancelled.add(rid)
+
+    async def describe(self) -> dict[str, str]:
+        return dict(self.runner.engine.describe())
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+            cancels = [hard_stop(req, lambda rid=rid: rid in self._cancelled) for rid, req, _, _ in batch]
+            outcomes = self.runner.run([req for _, req, _, _ in batch], cancels)
+            for (rid, _, future, loop), outcome in zip(batch, outcomes, strict=True):
+                with self._cv:
+                    self._live.discard(rid)
+                    self._cancelled.discard(rid)
+                loop.call_soon_threadsafe(_settle, future, outcome)
+
+
+def _settle(future: asyncio.Future, outcome: Outcome) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome if not isinstance(outcome, Cancelled) else Cancelled())
+    else:
+        future.set_result(outcome)
+
+
+class InProcessServer:
+    """The HTTP API on uvicorn in this process around a `LocalBackend`: `serve-engine --no-ray`, and the
+    tests of the HTTP layer (a real server on a real socket, without starting Ray)."""
+
+    def __init__(
+        self,
+        engine: InfillEngine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        request_timeout_s: float = 30.0,
+        batching: bool = True,
+    ) -> None:
+        import socket
+
+        import uvicorn
+
+        from dg_lsp.team.api import MAX_CONCURRENT, make_app
+
+        self.backend = LocalBackend(engine, batching)
+        app = make_app(lambda: self.backend, token=token, host=host, request_timeout_s=request_timeout_s)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.host, self.port = host, self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            limit_concurrency=MAX_CONCURRENT + 8,
+            timeout_keep_alive=5,
+            lifespan="off",
+        )
+        self.server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        self.server.run(sockets=[self._sock])
+
+    def start(self) -> InProcessServer:
+        self._thread = threading.Thread(target=self.serve_forever, name="dg-lsp-team-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the in-process team server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self.backend.close()
+        self._sock.close()
