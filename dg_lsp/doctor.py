@@ -82,8 +82,11 @@ def run_doctor(settings: Settings, policy: LocalPolicy | None = None) -> int:
         t0 = time.perf_counter()
         engine = load_engine(settings)
         load_ms = (time.perf_counter() - t0) * 1000
-        facts = ", ".join(f"{k}={v}" for k, v in engine.describe().items())
+        described = engine.describe()
+        facts = ", ".join(f"{k}={v}" for k, v in described.items())
         _line(True, "model", f"loaded in {load_ms:.0f} ms: {facts}")
+        if described.get("dual_cache_off"):  # slower per step, not broken: a warning with its reason
+            _line(None, "dual cache", f"off: {described['dual_cache_off']}")
         from dg_lsp.engine.types import InfillRequest
 
         result = engine.infill(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n", max_tokens=8))

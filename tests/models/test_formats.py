@@ -429,3 +429,15 @@ def test_remote_code_without_position_ids_runs_without_the_dual_cache_and_says_w
     assert facts["dual_cache"] == "False" and "no position_ids" in facts["dual_cache_off"]
     result = engine.infill(InfillRequest("x =", "f", max_tokens=4, steps=2))
     assert result.stats.forward_passes >= 1 and result.candidates
+
+
+def test_doctor_warns_when_the_dual_cache_is_off_and_says_why(tmp_path, capsys):
+    from dg_lsp.doctor import run_doctor
+    from dg_lsp.settings import Settings
+
+    d = bigram_checkpoint(tmp_path / "dreamon", "dream", {"mask": ["a"], "other": ["a"]}, dream_config())
+    write_tokenizer(d, DREAM_SPECIALS)
+    run_doctor(Settings(model=str(d), device="cpu"))
+    out = capsys.readouterr().out
+    assert "[warn] dual cache     off: the dreamon format grows and shrinks the canvas" in out
+    assert "format=dreamon" in out and "native_family=dream" in out
