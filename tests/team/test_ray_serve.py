@@ -239,7 +239,8 @@ def test_several_language_servers_typing_at_once(team, tmp_path):
     shown = asyncio.run(everyone())
     assert all(len(s) == 6 for s in shown) and sum(map(sum, shown)) > 0, shown
     after = _replica_stats(handle)
-    assert sum(s["requests"] for s in after.values()) - before >= 3 * 6
+    # every server reached the engine (fewer than 18 requests: typing into a shown suggestion reuses it)
+    assert sum(s["requests"] for s in after.values()) - before >= 3
     # both replicas took part, and some requests shared a forward pass
     assert all(s["requests"] > 0 for s in after.values())
 
