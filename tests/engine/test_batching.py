@@ -42,7 +42,18 @@ def test_shape_buckets_group_by_canvas_length_largest_group_first():
 
 
 @pytest.fixture(scope="module")
-def masked_engine():
+def fp32():
+    """Equality is checked in fp32: in bf16 (the default on CPUs with native bf16) the padded pass's
+    rounding differs enough to flip near-tied greedy picks."""
+    from dg_lsp.engine import quantization
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(quantization, "default_dtype", lambda device: torch.float32)
+        yield
+
+
+@pytest.fixture(scope="module")
+def masked_engine(fp32):
     torch.set_num_threads(1)
     cfg = MaskedSamplerConfig(dual_cache=False)
     engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
@@ -59,7 +70,9 @@ def test_batched_masked_equals_unbatched(masked_engine):
     assert runner.forwards <= 12 + 12 + 8
     for a, b in zip(alone, together, strict=True):
         assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
-        assert [c.mean_logprob for c in a.candidates] == pytest.approx([c.mean_logprob for c in b.candidates])
+        assert [c.mean_logprob for c in a.candidates] == pytest.approx(
+            [c.mean_logprob for c in b.candidates], abs=1e-4
+        )
         assert a.stats.forward_passes == b.stats.forward_passes
         assert a.stats.generated_tokens == b.stats.generated_tokens
 
@@ -77,7 +90,7 @@ def test_a_cancelled_row_leaves_the_others_untouched(masked_engine):
     assert outcomes[1].best == masked_engine.infill(REQUESTS[1]).best
 
 
-def test_batched_ar_equals_unbatched():
+def test_batched_ar_equals_unbatched(fp32):
     engine = AutoregressiveEngine(AR_TWIN_DIR, use_continuation_cache=False, use_prompt_cache=False)
     alone = [engine.infill(r) for r in REQUESTS]
     runner = batcher_for(engine)
