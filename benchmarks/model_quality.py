@@ -254,7 +254,9 @@ def backend_of(model_dir: str) -> str:
     return detect_backend(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
-def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int, masked: dict | None = None):
+def _load_engine(
+    kind: str, model_dir: str, prompt_tokens: int, steps: int, masked: dict | None = None, dtype: str = "auto"
+):
     import torch
 
     torch.set_num_threads(1)
@@ -266,14 +268,17 @@ def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int, mask
             max_prompt_tokens=prompt_tokens,
             sampler=MaskedSamplerConfig.from_options(masked or {}, steps=steps),
             use_continuation_cache=False,
+            dtype=dtype,
         )
         engine.use_prompt_cache = False
         return engine
     if kind == "diffusion-gemma":
         from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
+        from dg_lsp.engine.quantization import resolve_dtype
 
         return DiffusionGemmaEngine(
             model_dir,
+            dtype=resolve_dtype(dtype, "cpu"),
             max_prompt_tokens=prompt_tokens,
             steps=steps,
             use_prompt_cache=False,
@@ -282,7 +287,11 @@ def _load_engine(kind: str, model_dir: str, prompt_tokens: int, steps: int, mask
     from dg_lsp.engine.ar import AutoregressiveEngine
 
     return AutoregressiveEngine(
-        model_dir, max_prompt_tokens=prompt_tokens, use_prompt_cache=False, use_continuation_cache=False
+        model_dir,
+        max_prompt_tokens=prompt_tokens,
+        use_prompt_cache=False,
+        use_continuation_cache=False,
+        dtype=dtype,
     )
 
 
@@ -313,7 +322,9 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
 
     from dg_lsp.engine.types import InfillRequest
 
-    engine = _load_engine(kind, model_dir, args["prompt_tokens"], args["steps"], args.get("masked"))
+    engine = _load_engine(
+        kind, model_dir, args["prompt_tokens"], args["steps"], args.get("masked"), args.get("dtype", "auto")
+    )
     info = engine.describe()
     outcomes = []
     for task in tasks:
@@ -432,7 +443,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         f"torch {torch.__version__}, transformers {transformers.__version__}; wall {wall / 60:.1f} min.",
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
-        f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off. "
+        f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off, "
+        f"dtype setting `{args.dtype}`. "
         + (
             "Scored through the editor pipeline (`dg_lsp.pipeline`: window, span kind, post-processing, "
             f"syntax check; blank when every candidate was rejected), {args.candidates} candidate(s) "
@@ -508,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--dtype", default="auto", help="the dtype setting: auto, float32, bfloat16, float16")
     ap.add_argument(
         "--through",
         choices=["engine", "editor"],
@@ -556,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "through": args.through,
         "candidates": args.candidates,
+        "dtype": args.dtype,
         "masked": {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

@@ -29,7 +29,7 @@ from dg_lsp.files import FileRefused, read_regular_file
 log = logging.getLogger(__name__)
 
 # Settings whose change requires the resident model to be reloaded.
-RELOAD_KEYS = frozenset({"model", "backend", "device", "quantization", "trust_remote_code"})
+RELOAD_KEYS = frozenset({"model", "backend", "device", "quantization", "dtype", "trust_remote_code"})
 
 NUMBER_BOUNDS: dict[str, tuple[int, int]] = {
     "max_tokens": (1, 1024),
@@ -58,6 +58,8 @@ class Settings:
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     quantization: str = "auto"
     """`auto`, `none`, `int8` (CPU dynamic), `8bit` or `nf4` (bitsandbytes on CUDA)."""
+    dtype: str = "auto"
+    """`auto` (bf16 on CUDA and on CPUs with native bf16, else fp32), `float32`, `bfloat16` or `float16`."""
     max_tokens: int = 48
     """Upper bound on generated tokens per completion; span kinds may choose fewer."""
     denoising_steps: int = 12
@@ -244,7 +246,7 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "block_length": _optional(lambda v: whole_number(v, 1, 1024)),
     "commit": _optional(lambda v: _commit_rules(v)),
     "stops_in_quota": _boolean,
-    "schedule": lambda v: _one_of(v, ("even", "dream")),
+    "schedule": lambda v: _one_of(v, ("even", "dream", "one")),
     "min_capped_steps": lambda v: whole_number(v, 1, 512),
     "format": lambda v: _one_of(v, ("auto", "bos", "plain", "dreamon", "chat")),
     "native_family": _optional(lambda v: _one_of(v, ("dream", "llada"))),

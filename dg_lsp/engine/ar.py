@@ -35,6 +35,7 @@ class AutoregressiveEngine(LocalEngine):
         use_prompt_cache: bool = True,
         use_continuation_cache: bool = True,
         min_tokens: int = 1,
+        dtype: str = "auto",
     ):
         """`min_tokens`: stops (and, on a single line, newlines) are barred from the first this-many
         tokens, the rule the masked sampler follows: an empty answer shows the user nothing."""
@@ -46,7 +47,7 @@ class AutoregressiveEngine(LocalEngine):
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.quantization = quant.resolve_kind(quantization, self.device)
-        kwargs = {"trust_remote_code": trust_remote_code, "dtype": quant.default_dtype(self.device)}
+        kwargs = {"trust_remote_code": trust_remote_code, "dtype": quant.resolve_dtype(dtype, self.device)}
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head"])
             kwargs["device_map"] = str(self.device)
@@ -54,7 +55,7 @@ class AutoregressiveEngine(LocalEngine):
         raw = json.loads((self.model_dir / "config.json").read_text())
         self.layout = layouts.layout_of(raw)
         if self.layout in layouts.PACKED_LAYOUTS:
-            self.model = layouts.load_packed_model(self.model_dir, layouts.packed_dtype(self.device))
+            self.model = layouts.load_packed_model(self.model_dir, kwargs["dtype"])
         else:
             self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
         if self.quantization == "int8":

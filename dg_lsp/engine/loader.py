@@ -163,6 +163,12 @@ def load_engine(settings: Settings) -> InfillEngine:
     config = read_config(model_dir)
     device = resolve_device(settings.device)
     backend = settings.backend
+    from dg_lsp.engine import quantization as quant
+
+    try:
+        quant.resolve_dtype(settings.dtype, device)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     try:
         if backend == "auto":
             backend = detect_backend(config, model_dir)
@@ -173,7 +179,11 @@ def load_engine(settings: Settings) -> InfillEngine:
             from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
 
             return DiffusionGemmaEngine(
-                model_dir, device=device, steps=settings.denoising_steps, quantization=settings.quantization
+                model_dir,
+                device=device,
+                steps=settings.denoising_steps,
+                quantization=settings.quantization,
+                dtype=quant.resolve_dtype(settings.dtype, device),
             )
         if backend == "ar":
             from dg_lsp.engine.ar import AutoregressiveEngine
@@ -183,6 +193,7 @@ def load_engine(settings: Settings) -> InfillEngine:
                 device=device,
                 quantization=settings.quantization,
                 trust_remote_code=settings.trust_remote_code,
+                dtype=settings.dtype,
             )
         if backend == "masked":
             from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
@@ -193,6 +204,7 @@ def load_engine(settings: Settings) -> InfillEngine:
                 quantization=settings.quantization,
                 trust_remote_code=settings.trust_remote_code,
                 sampler=MaskedSamplerConfig.from_options(opts, steps=settings.denoising_steps),
+                dtype=settings.dtype,
             )
         raise ModelLoadError(f"backend {backend!r} needs model = 'remote:http://host:port'")
     except ModelLoadError:

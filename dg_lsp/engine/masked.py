@@ -88,7 +88,9 @@ class MaskedSamplerConfig:
     canvas at once."""
     schedule: str = "even"
     """How many masks the quota commits per step: `even` (LLaDA: the remaining masks spread evenly over
-    the remaining steps) or `dream` (Dream's timestep schedule, int(n(1 - s/t)) on linspace(1, 1e-3))."""
+    the remaining steps), `dream` (Dream's timestep schedule, int(n(1 - s/t)) on linspace(1, 1e-3)) or
+    `one` (one per step, DreamOn's `number_transfer_tokens=1`; a fixed canvas then needs as many steps
+    as masks, a `dreamon` canvas runs until it is full)."""
     format: str = "auto"
     """The canvas format (`dg_lsp/engine/infill_format.py`): `auto` (from the checkpoint), `bos`, `plain`,
     `dreamon` (variable length through `<|expand|>`/`<|delete|>`) or `chat`."""
@@ -117,8 +119,8 @@ class MaskedSamplerConfig:
         if steps and "steps" not in kwargs:
             kwargs["steps"] = int(steps)
         cfg = cls(**kwargs)
-        if cfg.schedule not in ("even", "dream"):
-            raise ValueError("masked.schedule must be 'even' or 'dream'")
+        if cfg.schedule not in ("even", "dream", "one"):
+            raise ValueError("masked.schedule must be 'even', 'dream' or 'one'")
         if cfg.format not in infill_format.FORMATS:
             raise ValueError(f"masked.format must be one of {infill_format.FORMATS}")
         if cfg.native_family is not None and cfg.native_family not in native.FAMILIES:
@@ -149,6 +151,7 @@ class MaskedDiffusionEngine(LocalEngine):
         trust_remote_code: bool = False,
         sampler: MaskedSamplerConfig | None = None,
         use_continuation_cache: bool = True,
+        dtype: str = "auto",
     ):
         super().__init__(use_continuation_cache=use_continuation_cache, use_prompt_cache=True)
         from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
@@ -172,7 +175,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else shift
         kwargs: dict[str, Any] = {
             "trust_remote_code": trust_remote_code,
-            "dtype": quant.default_dtype(self.device),
+            "dtype": quant.resolve_dtype(dtype, self.device),
         }
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head", "decoder"])
@@ -193,7 +196,7 @@ class MaskedDiffusionEngine(LocalEngine):
         elif any(a.endswith("ForCausalLM") for a in archs):  # a decoder class run bidirectionally
             loader = AutoModelForCausalLM
         if self.layout in layouts.PACKED_LAYOUTS:
-            self.model = layouts.load_packed_model(self.model_dir, layouts.packed_dtype(self.device))
+            self.model = layouts.load_packed_model(self.model_dir, kwargs["dtype"])
         elif self.family:
             if self.quantization in ("8bit", "nf4"):
                 raise ValueError(f"quantization {self.quantization!r} is not available for native models")
@@ -469,6 +472,8 @@ class MaskedDiffusionEngine(LocalEngine):
                 n_pool = int(pool.sum(dim=-1).max())
                 if cfg.schedule == "dream":
                     need = sampler.dream_quota(n_pool, step_in, steps_of)
+                elif cfg.schedule == "one":
+                    need = 1
                 else:
                     need = sampler.quota(n_pool, steps_left)
                 # Dream's schedule may commit nothing at an early step, as its reference does
@@ -563,7 +568,13 @@ class MaskedDiffusionEngine(LocalEngine):
                     if cfg.stop_at_frontier:
                         active = m & (sampler.frontier(m) | ~torch.isin(pred, ends))
                     pool = m if cfg.stops_in_quota else active
-                    need = sampler.quota(int(pool.sum()), max(1, steps - step))
+                    n_pool = int(pool.sum())
+                    if cfg.schedule == "one":  # DreamOn's own decoding: one token per step
+                        need = 1
+                    elif cfg.schedule == "dream":
+                        need = sampler.dream_quota(n_pool, min(step, steps - 1), steps)
+                    else:
+                        need = sampler.quota(n_pool, max(1, steps - step))
                     at_quota = sampler.select_commits(conf, active, need, None)
                     view = commit_rules.view(logits, active, logp=logp)
                     commit = commit_rules.select(view, rules, at_quota)[0]

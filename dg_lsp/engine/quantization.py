@@ -298,12 +298,28 @@ def checkpoint_bytes(model_dir: Path) -> int:
 # -- loading --------------------------------------------------------------------------------------
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""The `dtype` setting's choices besides `auto`."""
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """bf16 on CUDA, fp32 on CPU for checkpoints loaded with `from_pretrained`: CPUs without native bf16
-    emulate it several times slower, and dg-lsp's 5M models gain nothing from it (their passes are overhead,
-    not matmuls). CPUs with avx512_bf16/AMX run large matmuls ~4x faster in bf16: the packed 100M-class
-    models pick it there (`layouts.packed_dtype`). A checkpoint saved in fp16 never runs as such on a CPU."""
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    """bf16 on CUDA and on CPUs with native bf16 (avx512_bf16/AMX: matmuls ~2-4x faster than fp32 there,
+    measured on this project's machines); fp32 on other CPUs, which emulate bf16 several times slower.
+    A checkpoint saved in fp16 never runs as such on a CPU."""
+    from dg_lsp.engine.layouts import cpu_has_native_bf16
+
+    if str(device).startswith("cuda") or cpu_has_native_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """The `dtype` setting: `auto` (`default_dtype`) or one of `DTYPES`; ValueError names the choices."""
+    if name == "auto":
+        return default_dtype(device)
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected auto or one of {sorted(DTYPES)}")
+    return DTYPES[name]
 
 
 def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype: torch.dtype | None = None):

@@ -15,7 +15,7 @@ from dg_lsp.settings import Settings
 
 @pytest.fixture(scope="module")
 def fp32(tiny_dg_dir):
-    return q.load_diffusion_gemma(tiny_dg_dir, torch.device("cpu"), "none")[0]
+    return q.load_diffusion_gemma(tiny_dg_dir, torch.device("cpu"), "none", torch.float32)[0]
 
 
 @pytest.fixture(scope="module")

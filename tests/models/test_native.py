@@ -272,7 +272,7 @@ def test_engine_loads_natively_with_dual_cache(tmp_path, family):
     from dg_lsp.settings import Settings
 
     d = _with_tokenizer(tmp_path / family, family)
-    engine = load_engine(Settings(model=str(d), device="cpu"))
+    engine = load_engine(Settings(model=str(d), device="cpu", dtype="float32"))  # compared exactly below
     facts = engine.describe()
     assert engine.name == "masked" and facts["native_family"] == family
     assert facts["logits_shift"] == str(family == "dream") and facts["dual_cache"] == "True"
