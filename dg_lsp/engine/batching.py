@@ -165,6 +165,10 @@ class BatchedMasked:
         if eng.slices_logits:
             keep = {"logits_to_keep": torch.arange(lo, lo + length, device=eng.device)}
         rules = commit_rules.build(eng.rule_specs())
+        hi = head + length
+        dual = eng.cfg.dual_cache and eng.supports_kv
+        ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        ctx_row = torch.full((n_rows,), -1, dtype=torch.long, device=eng.device)
         while True:
             live = []
             for j in jobs:
@@ -180,10 +184,12 @@ class BatchedMasked:
                 return
             idx = torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in live])
             t0 = time.perf_counter()
-            logits = padded_model(eng.model)(
-                input_ids=x[idx], attention_mask=attn[idx], position_ids=pos[idx], use_cache=False, **keep
-            ).logits
-            logits = logits if keep else logits[:, lo : lo + length]
+            if ctx is None:
+                logits, ctx = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual)
+                if ctx is not None:
+                    ctx_row[idx] = torch.arange(len(idx), device=eng.device)
+            else:
+                logits = self._canvas_pass(x, attn, pos, idx, lo, hi, ctx, ctx_row[idx])[:, :length]
             self.forwards += 1
             r = 0
             for j in live:
@@ -194,6 +200,44 @@ class BatchedMasked:
                 r += j.rows
             step_ms = (time.perf_counter() - t0) * 1000
             eng.ms_per_step = step_ms if eng.ms_per_step is None else 0.7 * eng.ms_per_step + 0.3 * step_ms
+
+    def _full_pass(self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool):
+        """Canvas logits from a pass over every column; with the dual cache on, also the context's keys
+        and values (every column but the canvas and, when shifted, the token before it)."""
+        model = padded_model(self.engine.model)
+        kw: dict = dict(keep)
+        cache = None
+        if dual:
+            cache = new_cache(model.config, record=False)
+            kw[cache_kwarg(model.forward) or "past_key_values"] = cache
+        logits = model(
+            input_ids=x[idx], attention_mask=attn[idx], position_ids=pos[idx], use_cache=dual, **kw
+        ).logits
+        logits = logits if keep else logits[:, lo : lo + length]
+        if cache is None:
+            return logits, None
+        ctx = [
+            (
+                torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
+                torch.cat([la.values[:, :, :lo], la.values[:, :, hi:]], 2),
+            )
+            for la in cache.layers
+        ]
+        return logits, ctx
+
+    def _canvas_pass(self, x, attn, pos, idx, lo: int, hi: int, ctx, rows):
+        """Fast-dLLM's dual cache, batched: only the canvas columns are recomputed, against the context
+        keys/values of the first pass (the same approximation as the unbatched engine's)."""
+        model = padded_model(self.engine.model)
+        cache = new_cache(model.config, record=False)
+        for layer, (k, v) in zip(cache.layers, ctx, strict=True):
+            layer.update(k[rows], v[rows])
+        mask = torch.cat([attn[idx, :lo], attn[idx, hi:], attn[idx, lo:hi]], dim=1)
+        kw = {cache_kwarg(model.forward) or "past_key_values": cache}
+        out = model(
+            input_ids=x[idx, lo:hi], attention_mask=mask, position_ids=pos[idx, lo:hi], use_cache=True, **kw
+        )
+        return out.logits
 
     def _step(self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules) -> None:
         """One denoising step of one request: `MaskedDiffusionEngine._generate`'s loop body."""

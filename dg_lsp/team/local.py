@@ -1,9 +1,10 @@
 """Running requests on a loaded engine, batched: shared by each Ray replica and the in-process server.
 
 `EngineRunner` turns a list of requests into outcomes with one batched forward per step when the backend
-has a batched path (`dg_lsp/engine/batching.py`), and one request after another through `engine.infill`
-otherwise. With batching off it still goes through the batched code, one request per batch, so that
-"batching on vs off" measures the batching and nothing else.
+has a batched path (`dg_lsp/engine/batching.py`) and more than one request is waiting. A lone request,
+and every request with batching off, takes the engine's own single-request path (`engine.infill`: its
+fastest forward, per-document prompt cache and continuation cache), so batching is compared with the
+best the engine does one request at a time, not with a batch of one.
 
 `LocalBackend` is the server without Ray (`dg-lsp serve-engine --no-ray`, and the tests of the HTTP
 layer): one thread owns the model, and whatever waited while it worked runs as the next batch.
@@ -39,7 +40,7 @@ class EngineRunner:
         """One outcome per request: a result, `Cancelled`, or the exception that request raised."""
         self.batches += 1
         self.requests += len(requests)
-        if self.batcher is not None:
+        if self.batcher is not None and self.batching and len(requests) > 1:
             try:
                 return self.batcher.run(requests, cancels)
             except Exception as exc:  # one bad batch fails its requests, not the replica

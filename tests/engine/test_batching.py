@@ -52,10 +52,12 @@ def fp32():
         yield
 
 
-@pytest.fixture(scope="module")
-def masked_engine(fp32):
+@pytest.fixture(scope="module", params=[False, True], ids=["full-passes", "dual-cache"])
+def masked_engine(fp32, request):
+    """Both ways the masked engine decodes: a full pass every step, and Fast-dLLM's dual cache (the
+    default), which the batched path reproduces with one context cache for all rows."""
     torch.set_num_threads(1)
-    cfg = MaskedSamplerConfig(dual_cache=False)
+    cfg = MaskedSamplerConfig(dual_cache=request.param)
     engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
     engine.use_prompt_cache = False
     return engine
