@@ -441,3 +441,87 @@ def test_doctor_warns_when_the_dual_cache_is_off_and_says_why(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[warn] dual cache     off: the dreamon format grows and shrinks the canvas" in out
     assert "format=dreamon" in out and "native_family=dream" in out
+
+
+# --- DreamOn's own decoding rule, reached through settings --------------------------------------------
+
+
+def dreamon_reference(model, head, n_masks, tail, max_length, mask_id, expand_id, delete_id):
+    """DreamOn's `diffusion_generate` as its authors' `_sample` decodes (alg "entropy", temperature 0,
+    `number_transfer_tokens` 1, deletes padded to the right), re-implemented here from that code's
+    behaviour: each step one mask, the one of least entropy, takes its argmax; a delete removes itself and
+    every mask after it, an expand becomes two masks; expand is barred once the window (prefix, canvas,
+    suffix, EOS) is `max_length` long. Returns the final canvas, or None when it has not finished in
+    `2 * max_length` steps: the rule can cycle (expand up to the maximum, delete back, again), which
+    DreamOn's loop ends only at its step bound, with masks left."""
+    x = [*head, *[mask_id] * n_masks, *tail]
+    for _ in range(2 * max_length):
+        if mask_id not in x:
+            return x[len(head) : len(x) - len(tail)]
+        masks = [i for i, t in enumerate(x) if t == mask_id]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([x])).logits[0].float()
+        logits = torch.cat([logits[:1], logits[:-1]])[masks]  # token i read at i - 1
+        if len(x) >= max_length:
+            logits[:, expand_id] -= 1e9
+        probs = logits.softmax(-1)
+        x0 = probs.argmax(-1)
+        neg_entropy = (probs * torch.log(probs + 1e-10)).sum(-1)
+        j = int(neg_entropy.argmax())
+        pos, token = masks[j], int(x0[j])
+        if token == delete_id:
+            x = [t for i, t in enumerate(x) if i < pos or (i > pos and t != mask_id)]
+        elif token == expand_id:
+            x[pos : pos + 1] = [mask_id, mask_id]
+        else:
+            x[pos] = token
+    return None
+
+
+def test_dreamon_settings_reproduce_dreamon_own_decoding(tmp_path):
+    """With `schedule: one, confidence: entropy, threshold: null, stopAtFrontier: false, minTokens: 0`
+    the dreamon canvas decodes as DreamOn's own loop does, on random tiny Dream checkpoints (special tokens
+    other than expand/delete given zero logits, so the span holds ordinary tokens)."""
+    from dg_lsp.engine.types import InfillRequest
+
+    settings = {
+        "schedule": "one",
+        "confidence": "entropy",
+        "threshold": None,
+        "stopAtFrontier": False,
+        "minTokens": 0,
+        "expandStart": 4,
+        "buckets": [8],
+    }
+    lengths_seen: set[int] = set()
+    compared = cycled = 0
+    for seed in range(8):
+        d = tmp_path / f"s{seed}"
+        d.mkdir()
+        config = {**tiny_config("dream", vocab=MODEL_VOCAB), **dream_config()}
+        tensors = tiny_tensors("dream", config, seed=seed)
+        head = tensors["lm_head.weight"] * 10
+        keep = [ID[t] for t in ("<|expand|>", "<|delete|>")] + list(range(ID["a"], len(VOCAB)))
+        head[[t for t in range(MODEL_VOCAB) if t not in keep]] = 0.0
+        tensors["lm_head.weight"] = head
+        (d / "config.json").write_text(json.dumps(config))
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / "model.safetensors"))
+        write_tokenizer(d, DREAM_SPECIALS)
+        engine = engine_for(d, **settings)
+        request = InfillRequest("def f ( x ) :", "return x", max_tokens=8, steps=8)
+        ids, start = engine.canvas(request, 4)
+        got = engine.infill(request).candidates[0].token_ids
+        tail = ids[start + 4 :]
+        want = dreamon_reference(
+            engine.model, ids[:start], 4, tail, start + 8 + len(tail), ID["<|mask|>"], *engine.edits
+        )
+        if want is None:  # DreamOn's own loop cycles here; the engine still ends within its pass bound
+            cycled += 1
+            assert len(engine.last_lengths) <= 2 * 8 + 8 + 1
+            continue
+        assert got == want, seed
+        compared += 1
+        lengths_seen.update(engine.last_lengths)
+    assert compared >= 5 and min(lengths_seen) < 4 < max(lengths_seen)  # deletes and expands compared
