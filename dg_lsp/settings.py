@@ -59,7 +59,8 @@ class Settings:
     quantization: str = "auto"
     """`auto`, `none`, `int8` (CPU dynamic), `8bit` or `nf4` (bitsandbytes on CUDA)."""
     dtype: str = "auto"
-    """`auto` (bf16 on CUDA and on CPUs with native bf16, else fp32), `float32`, `bfloat16` or `float16`."""
+    """`auto` (`quantization.default_dtype`: bf16 on CUDA, and on native-bf16 CPUs for checkpoints of 50 MB
+    or more; else fp32), `float32`, `bfloat16` or `float16`."""
     max_tokens: int = 48
     """Upper bound on generated tokens per completion; span kinds may choose fewer."""
     denoising_steps: int = 12

@@ -53,7 +53,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def packed_dtype(device: torch.device) -> torch.dtype:
-    """The packed models' dtype under `dtype = auto` (`quantization.default_dtype`)."""
-    from dg_lsp.engine.quantization import default_dtype
-
-    return default_dtype(device)
+    """The packed models' dtype under `dtype = auto`: bf16 on CUDA and on CPUs with native bf16, else fp32
+    (they are the 100M-parameter class, where the matmuls dominate and bf16 pays)."""
+    if device.type == "cuda" or (device.type == "cpu" and cpu_has_native_bf16()):
+        return torch.bfloat16
+    return torch.float32

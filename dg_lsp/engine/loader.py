@@ -183,7 +183,7 @@ def load_engine(settings: Settings) -> InfillEngine:
                 device=device,
                 steps=settings.denoising_steps,
                 quantization=settings.quantization,
-                dtype=quant.resolve_dtype(settings.dtype, device),
+                dtype=quant.resolve_dtype(settings.dtype, device, model_dir),
             )
         if backend == "ar":
             from dg_lsp.engine.ar import AutoregressiveEngine

@@ -175,7 +175,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.shift = self.cfg.logits_shift if self.cfg.logits_shift is not None else shift
         kwargs: dict[str, Any] = {
             "trust_remote_code": trust_remote_code,
-            "dtype": quant.resolve_dtype(dtype, self.device),
+            "dtype": quant.resolve_dtype(dtype, self.device, self.model_dir),
         }
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head", "decoder"])
@@ -196,7 +196,9 @@ class MaskedDiffusionEngine(LocalEngine):
         elif any(a.endswith("ForCausalLM") for a in archs):  # a decoder class run bidirectionally
             loader = AutoModelForCausalLM
         if self.layout in layouts.PACKED_LAYOUTS:
-            self.model = layouts.load_packed_model(self.model_dir, kwargs["dtype"])
+            self.model = layouts.load_packed_model(
+                self.model_dir, layouts.packed_dtype(self.device) if dtype == "auto" else kwargs["dtype"]
+            )
         elif self.family:
             if self.quantization in ("8bit", "nf4"):
                 raise ValueError(f"quantization {self.quantization!r} is not available for native models")

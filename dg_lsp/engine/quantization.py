@@ -302,21 +302,29 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 """The `dtype` setting's choices besides `auto`."""
 
 
-def default_dtype(device: torch.device | str) -> torch.dtype:
-    """bf16 on CUDA and on CPUs with native bf16 (avx512_bf16/AMX: matmuls ~2-4x faster than fp32 there,
-    measured on this project's machines); fp32 on other CPUs, which emulate bf16 several times slower.
-    A checkpoint saved in fp16 never runs as such on a CPU."""
+BF16_MIN_CHECKPOINT_BYTES = 50 * 2**20
+"""Below this a model runs fp32 on a CPU even with native bf16. The shipped 5M models (10 MB) gained 1.4-1.8x
+per diffusion pass in bf16 but lost 1.7-1.9 points of single-line quality through the editor, and their AR
+steps got slower (benchmarks/results/lean_forward.md, dtype/); a 100M-class model is matmul-bound."""
+
+
+def default_dtype(device: torch.device | str, model_dir: Path | None = None) -> torch.dtype:
+    """bf16 on CUDA, and on CPUs with native bf16 (avx512_bf16/AMX: matmuls ~2-4x faster than fp32 there,
+    measured on this project's machines) for checkpoints of `BF16_MIN_CHECKPOINT_BYTES` or more; fp32 on
+    other CPUs, which emulate bf16 several times slower. A checkpoint saved in fp16 never runs as such on a
+    CPU."""
     from dg_lsp.engine.layouts import cpu_has_native_bf16
 
-    if str(device).startswith("cuda") or cpu_has_native_bf16():
+    if str(device).startswith("cuda"):
         return torch.bfloat16
-    return torch.float32
+    big = model_dir is None or checkpoint_bytes(model_dir) >= BF16_MIN_CHECKPOINT_BYTES
+    return torch.bfloat16 if cpu_has_native_bf16() and big else torch.float32
 
 
-def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device | str, model_dir: Path | None = None) -> torch.dtype:
     """The `dtype` setting: `auto` (`default_dtype`) or one of `DTYPES`; ValueError names the choices."""
     if name == "auto":
-        return default_dtype(device)
+        return default_dtype(device, model_dir)
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; expected auto or one of {sorted(DTYPES)}")
     return DTYPES[name]
@@ -340,7 +348,9 @@ def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.bfloat16)
         quantize_to_cuda_(model, kind, device, compute_dtype=dtype or torch.bfloat16)
         return model.eval(), kind
-    model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or default_dtype(device))
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(
+        model_dir, dtype=dtype or default_dtype(device, model_dir)
+    )
     if kind == "int8":
         quantize_cpu_int8_(model)
     return model.to(device).eval(), kind

@@ -47,3 +47,20 @@ def test_load_engine_errors(tmp_path):
         load_engine(Settings(model=str(tmp_path), device="cpu"))
     with pytest.raises(ModelLoadError, match="CUDA"):
         load_engine(Settings(model=str(tmp_path), device="cuda"))
+
+
+def test_dtype_setting(tiny_causal_dir):
+    """`auto` keeps a small checkpoint in fp32 on a CPU (bf16 moved the 5M models' quality); an explicit
+    dtype is obeyed and reported; an unknown one is a load error naming the choices."""
+    import torch
+
+    from dg_lsp.engine import quantization as quant
+
+    assert quant.default_dtype("cpu", tiny_causal_dir) == torch.float32
+    assert quant.default_dtype("cuda") == torch.bfloat16
+    engine = load_engine(Settings(model=str(tiny_causal_dir), device="cpu", dtype="bfloat16"))
+    assert engine.describe()["dtype"] == "bfloat16"
+    assert next(engine.model.parameters()).dtype == torch.bfloat16
+    assert load_engine(Settings(model=str(tiny_causal_dir), device="cpu")).describe()["dtype"] == "float32"
+    with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'; expected auto or one of"):
+        load_engine(Settings(model=str(tiny_causal_dir), device="cpu", dtype="fp8"))
