@@ -19,7 +19,7 @@ from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
 from dg_lsp.engine.sampler import mean_logprob
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
-from dg_lsp.models import tokens
+from dg_lsp.models import native, tokens
 
 
 class AutoregressiveEngine(LocalEngine):
@@ -47,17 +47,30 @@ class AutoregressiveEngine(LocalEngine):
         self.model_dir = Path(model_dir)
         self.device = torch.device(device)
         self.quantization = quant.resolve_kind(quantization, self.device)
-        kwargs = {"trust_remote_code": trust_remote_code, "dtype": quant.resolve_dtype(dtype, self.device)}
+        kwargs = {
+            "trust_remote_code": trust_remote_code,
+            "dtype": quant.resolve_dtype(dtype, self.device, self.model_dir),
+        }
         if self.quantization in ("8bit", "nf4"):
             kwargs["quantization_config"] = quant.bnb_config(self.quantization, skip=["lm_head"])
             kwargs["device_map"] = str(self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust_remote_code)
         raw = json.loads((self.model_dir / "config.json").read_text())
-        self.layout = layouts.layout_of(raw)
-        if self.layout in layouts.PACKED_LAYOUTS:
-            self.model = layouts.load_packed_model(self.model_dir, kwargs["dtype"])
-        else:
-            self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
+        try:  # a checkpoint's own code written for transformers 4.4x fails deep inside transformers 5
+            trust = trust_remote_code
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
+            self.layout = layouts.layout_of(raw)
+            if self.layout in layouts.PACKED_LAYOUTS:
+                packed = layouts.packed_dtype(self.device) if dtype == "auto" else kwargs["dtype"]
+                self.model = layouts.load_packed_model(self.model_dir, packed)
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
+        except Exception as exc:
+            message = native.remote_code_failure(exc, raw, suggest=False) if trust_remote_code else None
+            if message is None:
+                raise
+            from dg_lsp.engine.loader import ModelLoadError
+
+            raise ModelLoadError(message) from exc
         if self.quantization == "int8":
             quant.quantize_linears_int8_(self.model, skip=["lm_head"])
         if self.quantization not in ("8bit", "nf4"):

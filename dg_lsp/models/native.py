@@ -204,7 +204,7 @@ def family_of(model_dir: str | Path, config: dict | None = None) -> str | None:
     return detect_family(config, names, tokenizer_config(d))
 
 
-def remote_code_failure(exc: BaseException, config: dict) -> str | None:
+def remote_code_failure(exc: BaseException, config: dict, suggest: bool = True) -> str | None:
     """The one message for a checkpoint whose own code fails on the installed transformers, or None when
     `exc` does not look like that (no auto_map, or an error of another kind: missing file, out of memory).
 
@@ -220,7 +220,9 @@ def remote_code_failure(exc: BaseException, config: dict) -> str | None:
         return None
     names = " ".join(_names(config))
     archs = config.get("architectures") or [config.get("model_type")]
-    if "llada" in names:
+    if not suggest:  # an autoregressive checkpoint: no diffusion family stands in for it
+        hint = None
+    elif "llada" in names:
         hint = "llada"
     elif any(h in names for h in ("dream", "qwen", "diffucoder", "dcoder")):
         hint = "dream"
@@ -231,6 +233,8 @@ def remote_code_failure(exc: BaseException, config: dict) -> str | None:
         f'with the masked setting `"nativeFamily": "{hint}"` (no code from the model directory runs).'
         if hint
         else f"dg-lsp loads these families natively, without their code: {supported_text()}."
+        if suggest
+        else "Use a checkpoint whose architecture transformers has built in."
     )
     modules = sorted({str(v if isinstance(v, str) else v[0]).split(".")[0] for v in auto_map.values() if v})
     return (

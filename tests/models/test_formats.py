@@ -525,3 +525,29 @@ def test_dreamon_settings_reproduce_dreamon_own_decoding(tmp_path):
         compared += 1
         lengths_seen.update(engine.last_lengths)
     assert compared >= 5 and min(lengths_seen) < 4 < max(lengths_seen)  # deletes and expands compared
+
+
+def test_autoregressive_remote_code_that_cannot_run_gives_one_clear_message(tmp_path):
+    """The same for a causal checkpoint: one message, and no diffusion family offered in its place."""
+    from safetensors.torch import save_file
+
+    from dg_lsp.engine.loader import ModelLoadError, load_engine
+    from dg_lsp.settings import Settings
+
+    d = tmp_path / "old"
+    d.mkdir()
+    code = OLD_CODE.replace("LLaDAMoEModelLM", "OldCoderForCausalLM").replace("LLaDAMoEConfig", "OldConfig")
+    (d / "modeling_old.py").write_text(code.replace('"llada_moe"', '"old_coder"'))
+    auto_map = {
+        "AutoConfig": "modeling_old.OldConfig",
+        "AutoModelForCausalLM": "modeling_old.OldCoderForCausalLM",
+    }
+    config = {"architectures": ["OldCoderForCausalLM"], "model_type": "old_coder", "auto_map": auto_map}
+    (d / "config.json").write_text(json.dumps(config))
+    save_file({"proj.weight": torch.zeros(2, 2), "proj.bias": torch.zeros(2)}, str(d / "model.safetensors"))
+    write_tokenizer(d, {"eos_token": "<|endoftext|>"})
+    with pytest.raises(ModelLoadError) as err:
+        load_engine(Settings(model=str(d), device="cpu", trust_remote_code=True))
+    text = str(err.value)
+    assert "cannot run on the installed transformers" in text and "modeling_old.py" in text
+    assert "nativeFamily" not in text and text.count("\n") == 0
