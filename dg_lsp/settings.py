@@ -242,6 +242,7 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "logits_shift": _optional(_boolean),
     "dual_cache": _boolean,
     "refresh_every": lambda v: whole_number(v, 0, 512),
+    "refresh_blocks": _boolean,
     "stop_at_frontier": _boolean,
     "min_tokens": lambda v: whole_number(v, 0, 1024),
     "block_length": _optional(lambda v: whole_number(v, 1, 1024)),

@@ -73,6 +73,9 @@ class MaskedSamplerConfig:
     pass, then only the canvas is recomputed. Approximate: the context KV ignores later canvas changes."""
     refresh_every: int = 0
     """Recompute the context KV with a full pass every this many steps (0 = only at the first step)."""
+    refresh_blocks: bool = False
+    """With `block_length`: recompute the context KV with a full pass whenever decoding enters a new block,
+    as Fast-dLLM's dual cache does, so later blocks see the earlier ones' tokens in prefix/suffix KV."""
     stop_at_frontier: bool = True
     """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
     tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
@@ -409,6 +412,7 @@ class MaskedDiffusionEngine(LocalEngine):
             steps = max(steps, -(-length // block))  # at least one pass per block
             allot = sampler.block_allotment(steps, -(-length // block))
         used = [0] * len(allot)
+        last_block = 0
         stats.step_cap = steps
         rules = commit_rules.build(self.rule_specs())  # from cfg per request: settings may change it
         gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
@@ -434,6 +438,9 @@ class MaskedDiffusionEngine(LocalEngine):
                 check()
                 t0 = time.perf_counter()
                 refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
+                if block and cfg.refresh_blocks and step > 0:
+                    first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
+                    refresh = refresh or min(int(first) // block, len(allot) - 1) != last_block
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
                     x, start, length, ctx, refresh, doc if step == 0 else (None, 0)
@@ -464,7 +471,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     window = sampler.block_window(masked, block)
                     active = active & window
                     first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
-                    b = min(int(first) // block, len(allot) - 1)
+                    b = last_block = min(int(first) // block, len(allot) - 1)
                     step_in, steps_of = used[b], allot[b]
                     steps_left = max(1, steps_of - step_in)
                     used[b] += 1

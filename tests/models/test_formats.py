@@ -551,3 +551,29 @@ def test_autoregressive_remote_code_that_cannot_run_gives_one_clear_message(tmp_
     text = str(err.value)
     assert "cannot run on the installed transformers" in text and "modeling_old.py" in text
     assert "nativeFamily" not in text and text.count("\n") == 0
+
+
+@pytest.mark.parametrize("refresh", [False, True])
+def test_block_decoding_refreshes_the_context_kv_at_block_boundaries(tmp_path, refresh):
+    """Fast-dLLM's dual cache: a full pass (fresh prefix/suffix KV) when decoding enters a new block.
+    Counted with a forward hook on the native LLaDA model: full-length inputs are the full passes."""
+    from dg_lsp.engine.types import InfillRequest
+
+    d = bigram_checkpoint(
+        tmp_path / "llada",
+        "llada",
+        {"mask": ["a"], "other": ["a"]},
+        {"mask_token_id": ID["<|mask|>"], "eos_token_id": ID["<|endoftext|>"]},
+    )
+    write_tokenizer(d, LLADA_SPECIALS)
+    engine = engine_for(d, blockLength=4, buckets=[8], threshold=None, refreshBlocks=refresh)
+    request = InfillRequest("x =", "f", max_tokens=8, steps=4)
+    ids, _ = engine.canvas(request, 8)
+    lengths: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: lengths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    result = engine.infill(request)
+    assert result.best == "a a a a a a a a" and engine.last_commits == [2, 2, 2, 2]
+    full = [n for n in lengths if n == len(ids)]
+    assert len(full) == (2 if refresh else 1) and len(lengths) == 4  # blocks of 4, 2 steps each
