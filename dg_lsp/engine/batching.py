@@ -405,7 +405,8 @@ def batcher_for(engine):
     from dg_lsp.engine.masked import MaskedDiffusionEngine
 
     if isinstance(engine, MaskedDiffusionEngine) and not engine.cfg.block_length and engine.layout != "block":
-        return BatchedMasked(engine)
+        # a dreamon canvas changes length per row as it decodes: one request at a time, its own loop
+        return None if engine.variable else BatchedMasked(engine)
     if isinstance(engine, AutoregressiveEngine) and engine.layout == "native":
         return BatchedAR(engine)
     return None

@@ -577,3 +577,14 @@ def test_block_decoding_refreshes_the_context_kv_at_block_boundaries(tmp_path, r
     assert result.best == "a a a a a a a a" and engine.last_commits == [2, 2, 2, 2]
     full = [n for n in lengths if n == len(ids)]
     assert len(full) == (2 if refresh else 1) and len(lengths) == 4  # blocks of 4, 2 steps each
+
+
+def test_the_dreamon_format_is_never_batched_with_a_fixed_canvas(tmp_path):
+    """The team server batches masked requests into fixed canvases; a dreamon canvas grows and shrinks
+    per row, so its requests run through the engine's own variable-length loop."""
+    from dg_lsp.engine.batching import batcher_for
+
+    d = bigram_checkpoint(tmp_path / "dreamon", "dream", {"other": ["a"]}, dream_config())
+    write_tokenizer(d, DREAM_SPECIALS)
+    assert batcher_for(engine_for(d)) is None
+    assert batcher_for(engine_for(d, format="bos")) is not None
