@@ -312,6 +312,34 @@ def summarise(run: ModelRun, budget_ms: float) -> dict:
     }
 
 
+ENGINE_COLUMNS = ("completions", "engine_p50", "engine_p95", "passes_per_token", "tokens_per_completion")
+
+
+def engine_stats(log_path: Path) -> dict:
+    """The completions the server ran to the end, from its log (`app.py` logs each one's engine stats):
+    model time without the debounce, the connection or the client's cancellations."""
+    import ast
+    import re
+
+    runs = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        m = re.search(r" span=\S+ (\{.*\})$", line)
+        if m and (" ok span=" in line or " empty (" in line):
+            try:
+                runs.append(ast.literal_eval(m.group(1)))
+            except (ValueError, SyntaxError):
+                continue
+    ms = [r["total_ms"] for r in runs]
+    tokens = sum(r["generated_tokens"] for r in runs)
+    return {
+        "completions": len(runs),
+        "engine_p50": common.percentile(ms, 50),
+        "engine_p95": common.percentile(ms, 95),
+        "passes_per_token": sum(r["forward_passes"] for r in runs) / tokens if tokens else float("nan"),
+        "tokens_per_completion": tokens / len(runs) if runs else float("nan"),
+    }
+
+
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100 * x:.1f}%"
 
@@ -379,12 +407,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.logs:
             args.logs.mkdir(parents=True, exist_ok=True)
         lines, meta = common.header("End-to-end latency over LSP (replayed typing)")
-        runs = []
+        runs, engine = [], {}
         for spec in models:
             print(f"typing session against {spec.label} ({spec.path})", flush=True)
             run = asyncio.run(run_model(spec.label, spec.path, files, args.lines_per_file, settings, typing,
                                         args.seed, args.logs or tmp_path, line_len))  # fmt: skip
             runs.append(run)
+            engine[run.label] = engine_stats((args.logs or tmp_path) / f"server-{run.label.split()[0]}.log")
 
     summaries = {r.label: summarise(r, args.budget_ms) for r in runs}
     rows = []
@@ -458,11 +487,22 @@ def main(argv: list[str] | None = None) -> int:
             rows,
         ),
         "",
+        "Engine time of the completions the server ran to the end (from its log: the model's own time, "
+        "without the debounce, the connection or the requests the client cancelled first; the same typing).",
+        "",
+        *common.md_table(
+            ["model", "completions run", "engine p50 ms", "engine p95 ms", "passes per token", "tokens each"],
+            [
+                [label, *(e[k] for k in ENGINE_COLUMNS)]
+                for label, e in engine.items()
+            ],
+        ),
+        "",
         "![latency CDF](lsp_latency.png)",
         "",
     ]
     raw = {"meta": meta, "settings": settings, "typing": asdict(typing), "summaries": summaries,
-           "runs": [asdict(r) for r in runs]}  # fmt: skip
+           "engine": engine, "runs": [asdict(r) for r in runs]}  # fmt: skip
     path = common.write_results(args.out, "lsp_latency", lines, raw)
     plot(runs, args.budget_ms, args.out / "lsp_latency.png")
     print(path.read_text())
