@@ -562,7 +562,10 @@ class MaskedDiffusionEngine(LocalEngine):
                         logits[:, : cfg.min_tokens, ends] = -1e9
                     if blank_start is not None:
                         logits[:, 0, blank_start] = -1e9
-                    if len(canvas) >= max_len:
+                    # the step budget spent (`one` has none: it runs as DreamOn does, until full), the
+                    # canvas stops growing and the quota takes every mask left
+                    final = cfg.schedule != "one" and step >= steps - 1
+                    if len(canvas) >= max_len or final:
                         logits[:, :, expand_id] = -1e9
                     stats.forward_passes += 1
                     logp = torch.log_softmax(logits, dim=-1)
@@ -580,6 +583,8 @@ class MaskedDiffusionEngine(LocalEngine):
                     n_pool = int(pool.sum())
                     if cfg.schedule == "one":  # DreamOn's own decoding: one token per step
                         need = 1
+                    elif final:
+                        need = n_pool
                     elif cfg.schedule == "dream":
                         need = sampler.dream_quota(n_pool, min(step, steps - 1), steps)
                     else:

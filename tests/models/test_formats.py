@@ -588,3 +588,21 @@ def test_the_dreamon_format_is_never_batched_with_a_fixed_canvas(tmp_path):
     write_tokenizer(d, DREAM_SPECIALS)
     assert batcher_for(engine_for(d)) is None
     assert batcher_for(engine_for(d, format="bos")) is not None
+
+
+def test_dreamon_canvas_keeps_to_the_step_budget(tmp_path):
+    """A model that always asks to expand still finishes within the request's steps (the latency budget's
+    unit): at the last step the canvas stops growing and every mask left is committed."""
+    from dg_lsp.engine.types import InfillRequest
+
+    d = bigram_checkpoint(
+        tmp_path / "dreamon",
+        "dream",
+        {"mask": ["<|expand|>", "b"], "other": ["a"], "a": ["a"]},
+        dream_config(),
+    )
+    write_tokenizer(d, DREAM_SPECIALS)
+    engine = engine_for(d, expandStart=2, buckets=[16])
+    result = engine.infill(InfillRequest("x =", "f", max_tokens=16, steps=3))
+    assert result.stats.forward_passes == 3 and engine.last_lengths == [2, 3, 4, 4]
+    assert result.best == "a a a b"  # the last mask, no longer allowed to expand, takes its second choice
