@@ -39,12 +39,6 @@ def seq_bucket(n: int, multiple: int = SEQ_BUCKET) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def padded_model(model):
-    """The module to run padded batches on: a forward that takes no padding mask (the lean Gemma3
-    forward, dg_lsp/engine/lean.py) wraps the transformers model as `inner`, which does."""
-    return getattr(model, "inner", model)
-
-
 def shape_buckets(lengths: Sequence[int], buckets: Sequence[int]) -> dict[int, list[int]]:
     """Indices of requests grouped by canvas-length bucket, the largest group first: rows in one forward
     must share a canvas length so the canvas columns line up."""
@@ -204,7 +198,7 @@ class BatchedMasked:
     def _full_pass(self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool):
         """Canvas logits from a pass over every column; with the dual cache on, also the context's keys
         and values (every column but the canvas and, when shifted, the token before it)."""
-        model = padded_model(self.engine.model)
+        model = self.engine.model
         kw: dict = dict(keep)
         cache = None
         if dual:
@@ -228,7 +222,7 @@ class BatchedMasked:
     def _canvas_pass(self, x, attn, pos, idx, lo: int, hi: int, ctx, rows):
         """Fast-dLLM's dual cache, batched: only the canvas columns are recomputed, against the context
         keys/values of the first pass (the same approximation as the unbatched engine's)."""
-        model = padded_model(self.engine.model)
+        model = self.engine.model
         cache = new_cache(model.config, record=False)
         for layer, (k, v) in zip(cache.layers, ctx, strict=True):
             layer.update(k[rows], v[rows])
@@ -328,8 +322,8 @@ class BatchedAR:
         cancelled = [False] * n
         newline = eng.newline_ids()
         with torch.inference_mode():
-            cache = new_cache(padded_model(eng.model).config)
-            model = padded_model(eng.model)
+            cache = new_cache(eng.model.config)
+            model = eng.model
             cache_arg = cache_kwarg(model.forward) or eng.cache_arg
             out = model(
                 input_ids=x,

@@ -5,10 +5,11 @@ functions), output capturing, kwargs plumbing and three projections where one ma
 2-core CPU that was 10–14 ms of a 4-layer canvas pass whose arithmetic takes a few. `LeanGemma3` runs
 the same weights (shared, not copied, except the fused q/k/v and gate/up matrices) with plain torch and
 answers the calls the engines make — `model(input_ids=, position_ids=, cache=, logits_to_keep=)` with a
-transformers `DynamicCache` — so the engines, their KV snapshots and the dual cache stay as they are.
+transformers `DynamicCache`, and a (batch, keys) padding `attention_mask` for batched requests — so the
+engines, their KV snapshots, the dual cache and the batched runner stay as they are.
 
 It only takes configurations it reproduces exactly (`supported`): full-attention layers, no logit
-soft-capping, default RoPE, no padding masks. Everything else keeps the transformers model. The engines
+soft-capping, default RoPE. Everything else keeps the transformers model. The engines
 check at load that both forwards agree on a real prompt before switching (`adopt`).
 """
 
@@ -121,6 +122,22 @@ class LeanGemma3(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
+    def _mask(self, padding: torch.Tensor | None, b: int, t: int, past: int, device) -> torch.Tensor:
+        """(B, 1, T, past + T) bool: a causal model's new rows see the cache and the new tokens up to
+        themselves; `padding` (B, past + T), 1 = real token, as transformers takes it, hides padded keys. A
+        row left with no key (a padded query) sees every key, as transformers' masks let it: its output is
+        never read, and an all-masked row would be NaN."""
+        keys = past + t
+        mask = torch.ones(t, keys, dtype=torch.bool, device=device)
+        if not self.bidirectional:
+            mask = mask.tril(past)
+        mask = mask.expand(b, 1, t, keys)
+        if padding is not None:
+            if padding.shape != (b, keys):
+                raise ValueError(f"padding mask of shape {tuple(padding.shape)}, expected {(b, keys)}")
+            mask = mask & padding.bool()[:, None, None, :]
+        return mask | ~mask.any(dim=-1, keepdim=True)
+
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
@@ -136,8 +153,8 @@ class LeanGemma3(nn.Module):
         attention_mask=None,
         use_cache: bool | None = None,
     ):
-        if attention_mask is not None and not isinstance(attention_mask, dict):
-            raise ValueError("the lean forward takes no padding mask")
+        if isinstance(attention_mask, dict):  # transformers' precomputed per-layer-type masks: none here
+            attention_mask = None
         b, t = input_ids.shape
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
@@ -147,8 +164,8 @@ class LeanGemma3(nn.Module):
         cos, sin = self._rope(position_ids, h.dtype)
         mask = None
         causal = not self.bidirectional and t > 1
-        if causal and past:  # new rows see the whole cache and the new tokens up to themselves
-            mask = torch.ones(t, past + t, dtype=torch.bool, device=h.device).tril(past)
+        if attention_mask is not None or (causal and past):
+            mask = self._mask(attention_mask, b, t, past, h.device)
             causal = False
         q_end, k_end = self.heads * self.head_dim, (self.heads + self.kv_heads) * self.head_dim
         for i, layer in enumerate(self.layers):

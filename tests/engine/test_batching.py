@@ -48,7 +48,7 @@ def fp32():
     from dg_lsp.engine import quantization
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(quantization, "default_dtype", lambda device: torch.float32)
+        mp.setattr(quantization, "default_dtype", lambda device, model_dir=None: torch.float32)
         yield
 
 

@@ -74,3 +74,29 @@ def test_engines_complete_the_same_with_either_forward(engine_cls, name):
     slow = [engine.infill(r).candidates[0].text for r in requests]
     assert fast == slow
     assert any(t.strip() for t in fast)
+
+
+@pytest.mark.parametrize("name", ["embedded", "ar_twin"])
+def test_padded_batches_equal_transformers(name):
+    """Left-padded rows of different lengths (the batched runner's layout), a full pass and then a chunk
+    against the cache: every real position's logits equal transformers' with the same padding mask."""
+    model = AutoModelForCausalLM.from_pretrained(MODELS / name, dtype=torch.float32).eval()
+    fast = lean.LeanGemma3(model)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(10, model.config.vocab_size, (3, 30), generator=gen)
+    attn = torch.ones(3, 30, dtype=torch.long)
+    attn[1, :7] = 0
+    attn[2, :19] = 0
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    real = attn.bool()
+    with torch.inference_mode():
+        a_cache, b_cache = new_cache(model.config), new_cache(model.config)
+        a = model(input_ids=ids[:, :24], attention_mask=attn[:, :24], position_ids=pos[:, :24], cache=a_cache)
+        b = fast(input_ids=ids[:, :24], attention_mask=attn[:, :24], position_ids=pos[:, :24], cache=b_cache)
+        torch.testing.assert_close(a.logits[real[:, :24]], b.logits[real[:, :24]], rtol=0, atol=1e-4)
+        kw = {"attention_mask": attn, "position_ids": pos[:, 24:]}
+        a = model(input_ids=ids[:, 24:], cache=a_cache, **kw).logits
+        b = fast(input_ids=ids[:, 24:], cache=b_cache, **kw).logits
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-4)
+        with pytest.raises(ValueError, match="padding mask of shape"):
+            fast(input_ids=ids, attention_mask=attn[:, :5])
