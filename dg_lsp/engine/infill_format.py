@@ -11,7 +11,9 @@ the format is chosen from the checkpoint (config.json and tokenizer) and can be 
   prefix with the Qwen2 tokenizer's own special tokens, which are none.
 - `dreamon`: `[bos] prefix [mask]xN suffix [eos]` with variable length: a mask committed as `<|expand|>`
   becomes two masks, one committed as `<|delete|>` is removed with every mask after it (DreamOn's
-  training; the canvas starts at `masked.expandStart` masks and grows up to the request's length).
+  training; the canvas starts at `masked.expandStart` masks and grows up to the request's length, and
+  stops growing at the last of the request's steps, so the latency budget holds; `masked.schedule: one`
+  with entropy confidence decodes as DreamOn's own loop instead, one token per pass until full).
 - `chat`: the tokenizer's chat template (instruction-tuned checkpoints): one user turn holding the code
   with a cursor marker, then the masks as the assistant's answer, as LLaDA's and Dream's chat generation
   lay them out. Never chosen automatically: instruct checkpoints also infill in place, without a turn.
