@@ -130,7 +130,7 @@ class RemoteEngine:
         self,
         url: str,
         timeout_s: float = 30.0,
-        poll_s: float = 0.01,
+        poll_s: float = 0.05,
         check: bool = True,
         retries: int = 3,
         environ: Mapping[str, str] | None = None,

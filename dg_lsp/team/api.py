@@ -169,9 +169,11 @@ def make_app(
     request_timeout_s: float = 30.0,
     model_name: str = "dg-lsp",
     on_done: Callable[[float, InfillResult | None], None] | None = None,
+    watch_disconnect: bool = True,
 ):
     """The FastAPI app. `get_backend` is called per request: under Ray the backend is made in the
-    ingress replica after this app was pickled there."""
+    ingress replica after this app was pickled there. `watch_disconnect` polls for a client that hung
+    up (uvicorn in process); Ray Serve's proxy cancels such a request by itself, so it passes False."""
     if token is None and not is_loopback_host(host):
         raise ValueError("off loopback the server needs a bearer token")
     loopback = is_loopback_host(host)
@@ -269,7 +271,7 @@ def make_app(
         state["running"] += 1
         started = time.monotonic()
         work = asyncio.ensure_future(backend.complete(rid, infill))
-        watch = asyncio.ensure_future(_disconnected(request))
+        watch = asyncio.ensure_future(_disconnected(request) if watch_disconnect else asyncio.Event().wait())
         try:
             done, _ = await asyncio.wait(
                 {work, watch}, timeout=request_timeout_s, return_when="FIRST_COMPLETED"
@@ -314,7 +316,7 @@ def make_app(
 async def _disconnected(request) -> None:
     """Returns once the client hung up: its answer is no longer wanted, so the engine should stop."""
     while not await request.is_disconnected():
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

@@ -195,6 +195,7 @@ def build_app(cfg: TeamConfig):
         host=cfg.host,
         request_timeout_s=cfg.request_timeout_s,
         model_name=cfg.model_name,
+        watch_disconnect=False,  # the proxy cancels the request of a client that hung up
     )
 
     @serve.deployment(num_replicas=1, max_ongoing_requests=MAX_CONCURRENT + 8)
