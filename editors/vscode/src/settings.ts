@@ -15,6 +15,7 @@ export const SERVER_SETTINGS: Readonly<Record<string, SettingKind>> = Object.fre
     backend: 'string',
     device: 'string',
     quantization: 'string',
+    dtype: 'string',
     maxTokens: 'count',
     denoisingSteps: 'count',
     latencyBudgetMs: 'count',
