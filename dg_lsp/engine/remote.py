@@ -269,7 +269,8 @@ class RemoteEngine:
         return InfillResult(cands, stats)
 
     def warmup(self) -> None:
-        self._call("GET", self.root + "/health") if self.extras else None
+        if self.extras:  # a hosted FIM server may have no /health; its model list was already asked
+            self._call("GET", self.root + "/health")
 
     def describe(self) -> dict[str, str]:
         remote = {f"remote_{k}": v for k, v in self._remote.items()}

@@ -287,6 +287,8 @@ def make_app(
             except Cancelled:
                 if on_done:
                     on_done(time.monotonic() - started, None)
+                if time.monotonic() - started >= deadline / 1000:  # stopped by its time limit
+                    raise _Refused(504, f"the request took longer than {deadline / 1000:g} s") from None
                 return JSONResponse({"error": "cancelled (superseded or asked to)", "cancelled": True}, 409)
         finally:
             watch.cancel()

@@ -160,9 +160,11 @@ class RayBackend:
             if kind == "cancelled" or rid in self.cancelled:
                 self.cancelled.discard(rid)
                 raise Cancelled()
+            self.cancelled.discard(rid)  # a cancel that came too late leaves nothing behind
             if kind == "error":
                 raise RuntimeError(value)
             return value
+        self.cancelled.discard(rid)
         raise ReplicaLost(f"the engine replica was lost {RETRIES + 1} times; try again")
 
     async def cancel(self, rid: str) -> None:
@@ -236,8 +238,8 @@ def start(cfg: TeamConfig, address: str | None = None, num_cpus: int | None = No
     import ray
 
     if not ray.is_initialized():
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        if address:  # an existing cluster keeps its own resources and dashboard settings
+            ray.init(address=address, log_to_driver=False)
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": cfg.host, "port": cfg.port})
