@@ -352,7 +352,13 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
     corpus = Path(cfg.data.corpus)
-    sampler = DocSampler(load_docs(corpus / "train.jsonl"))
+    reader = None
+    if cfg.data.shards:  # drawn ahead of time by the same code (shards.py); the corpus serves validation
+        from dg_lsp.training.shards import ShardReader
+
+        reader = ShardReader(Path(cfg.data.shards), cfg.batch_size, len(tok))
+        print(f"training from {reader.batches} pre-tokenized batches in {cfg.data.shards}")
+    sampler = DocSampler(load_docs(corpus / "train.jsonl")) if reader is None else None
     vrng, vsampler = random.Random(12345), DocSampler(load_docs(corpus / "valid.jsonl"))
     valid = [make_examples(cfg, tok, vsampler, vrng, 8) for _ in range(max(1, cfg.data.valid_samples // 8))]
     step, elapsed, history, best, seen = 0, 0.0, [], float("inf"), 0
@@ -377,7 +383,10 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
     while progress_of(cfg, step, time.perf_counter() - start) < 1.0:
         rng = random.Random(cfg.seed * 1_000_003 + step)
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        examples = make_examples(cfg, tok, sampler, rng, cfg.batch_size)
+        if reader is not None:
+            examples = reader.batch(step)
+        else:
+            examples = make_examples(cfg, tok, sampler, rng, cfg.batch_size)
         batch = make_batch(cfg, kind, examples, gen, sp)
         seen += int(batch.attention_mask.sum())
         lr = lr_at(cfg, step, progress_of(cfg, step, time.perf_counter() - start))

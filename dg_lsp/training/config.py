@@ -47,6 +47,8 @@ class DataConfig:
         }
     )
     valid_samples: int = 64
+    # pre-tokenized examples (dg_lsp/training/shards.py) to train from instead of drawing on the fly
+    shards: str | None = None
 
 
 @dataclass

@@ -275,6 +275,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "twin into a Dream-style masked model (logits_shift) that continues its data and LR schedule",
     )
     ap.add_argument("--logits-shift", action="store_true", help="masked kind: Dream-style shifted logits")
+    ap.add_argument(
+        "--pretokenize",
+        type=Path,
+        metavar="DIR",
+        help="a config with a base: draw --examples training examples into safetensors shards in DIR and "
+        "exit (train from them with data.shards = DIR)",
+    )
+    ap.add_argument("--examples", type=int, default=100_000, help="with --pretokenize: how many")
+    ap.add_argument("--shard-mb", type=float, default=60.0, help="with --pretokenize: largest shard, in MB")
     return ap.parse_args(argv)
 
 
@@ -311,6 +320,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg.data.corpus = args.corpus
     if args.tokenizer:
         cfg.data.tokenizer = args.tokenizer
+    if args.pretokenize:
+        if not cfg.base:
+            raise SystemExit("--pretokenize: only the LoRA adaptation (a config with a base) reads shards")
+        from dg_lsp.training import shards
+        from dg_lsp.training.adapt import base_tokenizer
+
+        tok = base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+        made = shards.write(cfg, tok, args.pretokenize, args.examples, int(args.shard_mb * 10**6), cfg.seed)
+        n_files = len(made["files"])
+        print(f"{made['examples']} examples, {made['tokens']} tokens, {n_files} shard(s): {args.pretokenize}")
+        return 0
     if cfg.base:  # a pretrained base adapted with LoRA: its own loop (small trainable set, adapter export)
         from dg_lsp.training.adapt import run
 
