@@ -31,6 +31,8 @@ class EngineRunner:
         self.batcher = batcher_for(engine)
         self.batches = 0
         self.requests = 0
+        self.cancelled = 0
+        """Requests stopped between steps (superseded, cancelled by the client, or past their limit)."""
 
     @property
     def max_batch(self) -> int:
@@ -40,6 +42,11 @@ class EngineRunner:
         """One outcome per request: a result, `Cancelled`, or the exception that request raised."""
         self.batches += 1
         self.requests += len(requests)
+        out = self._run(requests, cancels)
+        self.cancelled += sum(isinstance(o, Cancelled) for o in out)
+        return out
+
+    def _run(self, requests: Sequence[InfillRequest], cancels: Sequence[Callable[[], bool]]) -> list[Outcome]:
         if self.batcher is not None and self.batching and len(requests) > 1:
             try:
                 return self.batcher.run(requests, cancels)

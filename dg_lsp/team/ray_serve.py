@@ -106,7 +106,7 @@ class EngineReplica:
             "replica": serve.get_replica_context().replica_id.unique_id,
             "batches": self.runner.batches,
             "requests": self.runner.requests,
-            "rows_cancelled": getattr(batcher, "rows_cancelled", 0),
+            "cancelled": self.runner.cancelled,
             "forwards": getattr(batcher, "forwards", 0),
         }
 
