@@ -168,7 +168,6 @@ def make_app(
     host: str = "127.0.0.1",
     request_timeout_s: float = 30.0,
     model_name: str = "dg-lsp",
-    on_done: Callable[[float, InfillResult | None], None] | None = None,
     watch_disconnect: bool = True,
 ):
     """The FastAPI app. `get_backend` is called per request: under Ray the backend is made in the
@@ -285,8 +284,6 @@ def make_app(
             try:
                 result = work.result()
             except Cancelled:
-                if on_done:
-                    on_done(time.monotonic() - started, None)
                 if time.monotonic() - started >= deadline / 1000:  # stopped by its time limit
                     raise _Refused(504, f"the request took longer than {deadline / 1000:g} s") from None
                 return JSONResponse({"error": "cancelled (superseded or asked to)", "cancelled": True}, 409)
@@ -295,8 +292,6 @@ def make_app(
             state["running"] -= 1
             if body.document and state["latest"].get(body.document) == rid:
                 del state["latest"][body.document]
-        if on_done:
-            on_done(time.monotonic() - started, result)
         return JSONResponse(fim_response(result, body, body.model or model_name, rid))
 
     app.add_api_route("/health", guarded(health), methods=["GET"])
