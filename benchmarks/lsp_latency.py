@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import sys
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=defaults.denoising_steps)
     ap.add_argument("--budget-ms", type=int, default=defaults.latency_budget_ms)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="another server setting")
     ap.add_argument("--logs", type=Path, help="keep the servers' logs (per-request engine stats) here")
     ap.add_argument("--out", type=Path, default=common.RESULTS)
     args = ap.parse_args(argv)
@@ -394,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         typing = Typing(line_end_pause_ms=800.0, word_pause_prob=0.0, typo_prob=0.0)
     settings = {"debounceMs": args.debounce_ms, "maxTokens": args.max_tokens,
                 "denoisingSteps": args.steps, "latencyBudgetMs": args.budget_ms}  # fmt: skip
+    for item in args.set:  # any other server setting, as the editor would send it
+        key, _, value = item.partition("=")
+        settings[key] = json.loads(value)
 
     with tempfile.TemporaryDirectory(prefix="dg-lsp-bench-") as tmp:
         tmp_path = Path(tmp)
