@@ -117,8 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.readme:
         readme = Path(__file__).resolve().parent / "README.md"
         text = readme.read_text()
-        head = text.split(MARK)[0] if MARK in text else text.rstrip() + "\n\n"
-        readme.write_text(head + MARK + "\n\n" + "\n".join(lines) + "\n")
+        head, _, rest = text.partition(MARK) if MARK in text else (text.rstrip() + "\n\n", "", "")
+        # the table ends at the first blank line after it; sections below it (team_serve) stay
+        body = rest.lstrip("\n").split("\n\n", 1)
+        tail = "\n" + body[1] if len(body) > 1 else ""
+        readme.write_text(head + MARK + "\n\n" + "\n".join(lines) + "\n" + tail.rstrip("\n") + "\n")
     return 0
 
 
