@@ -214,8 +214,8 @@ def adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
         err = float((ref - got).abs().max())
         scale = float(ref.abs().max()) or 1.0
         if err <= 2e-3 * max(1.0, scale):
-            log.info("lean forward on (max logit difference %.2e)", err)
+            log.debug("lean forward on (max logit difference %.2e)", err)
             return lean, "lean"
         why = f"it differs from transformers by {err:.3g}"
-    log.info("lean forward off: %s", why)
+    log.debug("lean forward off: %s", why)
     return model, f"transformers ({why})"
