@@ -156,6 +156,10 @@ class LeanGemma3(nn.Module):
         if isinstance(attention_mask, dict):  # transformers' precomputed per-layer-type masks: none here
             attention_mask = None
         b, t = input_ids.shape
+        if use_cache and cache is None:  # as transformers does: a fresh cache, returned with the logits
+            from dg_lsp.engine.kv import new_cache
+
+            cache = new_cache(self.config, record=False)
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past, past + t, device=input_ids.device).unsqueeze(0)

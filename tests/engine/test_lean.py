@@ -43,6 +43,8 @@ def test_logits_equal_transformers(name, dtype):
         torch.testing.assert_close(a, b, rtol=0, atol=atol)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
         assert fast_cache.get_seq_length() == slow_cache.get_seq_length() == 41
+        made = fast(input_ids=ids[:, :5], use_cache=True).cache  # no cache given: one is made and returned
+        assert made is not None and made.get_seq_length() == 5
 
 
 def test_unsupported_configurations_keep_transformers():
