@@ -74,8 +74,10 @@ class MaskedSamplerConfig:
     refresh_every: int = 0
     """Recompute the context KV with a full pass every this many steps (0 = only at the first step)."""
     refresh_blocks: bool = False
-    """With `block_length`: recompute the context KV with a full pass whenever decoding enters a new block,
-    as Fast-dLLM's dual cache does, so later blocks see the earlier ones' tokens in prefix/suffix KV."""
+    """With `block_length`, Fast-dLLM's dual cache: a full pass whenever decoding enters a new block (so it
+    sees the earlier blocks' tokens), its KV cached for every position but that block's, and each cached
+    pass recomputes only the block. Off: the context KV is the canvas's surroundings and every cached
+    pass recomputes the whole canvas."""
     stop_at_frontier: bool = True
     """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
     tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
@@ -347,30 +349,40 @@ class MaskedDiffusionEngine(LocalEngine):
         ctx: list | None,
         refresh: bool,
         doc: tuple[KVSnapshot | None, int] = (None, 0),
+        window: tuple[int, int] | None = None,
     ):
         """Logits for the canvas positions; (logits, ctx). A full pass when `ctx` is None or `refresh`
         (returning fresh context KV when the dual cache is on), else a canvas-only pass against `ctx`.
         `doc` = (snapshot, keep): the first `keep` positions' KV from this document's previous request,
-        reused instead of recomputed in that full pass (approximate, like the dual cache itself)."""
-        lo = start - 1 if self.shift else start  # shifted: the token before the canvas predicts its first
-        hi = start + length
+        reused instead of recomputed in that full pass (approximate, like the dual cache itself).
+        `window` = (a, b), canvas positions of the current block (Fast-dLLM's dual cache with blocks): the
+        context KV then holds every other position, later blocks' masks included, and a cached pass
+        recomputes only the block; the logits of positions outside it are zero (the sampler never reads
+        them: it commits only inside the block)."""
+        a, b = window or (0, length)
+        canvas_lo = start - 1 if self.shift else start  # shifted: the token before predicts the first
+        lo, hi = canvas_lo + a, start + b
         dual = self.dual_on()
         if dual and ctx is not None and not refresh:
             cache = new_cache(self.model.config, record=False)
             for layer, (k, v) in zip(cache.layers, ctx, strict=True):
                 layer.update(k, v)
             pos = torch.arange(lo, hi, device=self.device).unsqueeze(0)
-            keep = self._keep(0, length, hi - lo)
+            keep = self._keep(0, b - a, hi - lo)
             kw = {self.cache_arg: cache, **keep}
-            logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **kw).logits
-            return logits[:, :length], ctx
+            logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **kw).logits[:, : b - a]
+            if window is None:
+                return logits, ctx
+            out = logits.new_zeros(logits.shape[0], length, logits.shape[-1])
+            out[:, a:b] = logits
+            return out, ctx
         if dual:
             try:
                 snap, keep = doc
-                keep = min(keep, lo) if snap is not None else 0
+                keep = min(keep, canvas_lo) if snap is not None else 0
                 cache = restore(self.model.config, snap, keep, batch=x.shape[0])
                 pos = torch.arange(keep, x.shape[1], device=self.device).unsqueeze(0)
-                first = lo - keep
+                first = canvas_lo - keep  # the whole canvas's logits, whatever the window
                 sliced = self._keep(first, length, x.shape[1] - keep)
                 logits = self.model(
                     input_ids=x[:, keep:], position_ids=pos, **{self.cache_arg: cache}, **sliced
@@ -390,9 +402,9 @@ class MaskedDiffusionEngine(LocalEngine):
                 log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
                 self.supports_kv = False
                 self.dual_error = f"{type(exc).__name__}: {str(exc)[:200]}"
-        sliced = self._keep(lo, length, x.shape[1])
+        sliced = self._keep(canvas_lo, length, x.shape[1])
         logits = self.model(input_ids=x, **sliced).logits
-        return (logits[:, :length] if sliced else logits[:, lo : lo + length]), None
+        return (logits[:, :length] if sliced else logits[:, canvas_lo : canvas_lo + length]), None
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         if self.variable:
@@ -438,12 +450,16 @@ class MaskedDiffusionEngine(LocalEngine):
                 check()
                 t0 = time.perf_counter()
                 refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
-                if block and cfg.refresh_blocks and step > 0:
+                window = None
+                if block and cfg.refresh_blocks:
                     first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
-                    refresh = refresh or min(int(first) // block, len(allot) - 1) != last_block
+                    current = min(int(first) // block, len(allot) - 1)
+                    refresh = refresh or (step > 0 and current != last_block)
+                    if self.layout != "block":  # a block model's canvas is one bidirectional chunk
+                        window = (current * block, min(length, (current + 1) * block))
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
-                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0)
+                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window
                 )
                 if step == 0 and self._last_full is not None:
                     stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)

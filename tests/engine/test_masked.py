@@ -299,6 +299,30 @@ def test_dual_cache_block_pass_reproduces_full_pass(tiny_bidirectional_dir, shif
     torch.testing.assert_close(plain, full, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shift", [False, True], ids=["llada", "dream"])
+def test_block_window_pass_recomputes_only_the_block_and_is_exact(tiny_bidirectional_dir, shift):
+    """Fast-dLLM's dual cache with blocks: the context KV holds every position but the current block's
+    (later blocks' masks included) and a cached pass runs only the block (+ the token before it when
+    logits are shifted). With the context unchanged it reproduces the full pass on the block, exactly."""
+    engine = MaskedDiffusionEngine(
+        tiny_bidirectional_dir, sampler=MaskedSamplerConfig(logits_shift=shift), dtype="float32"
+    )
+    ids, start = engine.canvas(InfillRequest(PREFIX, SUFFIX), 16)
+    x = torch.tensor([ids, ids])
+    x[:, start : start + 4] = torch.arange(20, 24)  # the first block is decided; the window is the second
+    seen: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    with torch.inference_mode():
+        full, ctx = engine._canvas_logits(x, start, 16, None, refresh=False, window=(4, 8))
+        block, same = engine._canvas_logits(x, start, 16, ctx, refresh=False, window=(4, 8))
+    assert same is ctx and seen == [len(ids), 4 + int(shift)]
+    assert ctx[0][0].shape[2] == len(ids) - 4 - int(shift)  # every position but the recomputed ones
+    torch.testing.assert_close(block[:, 4:8], full[:, 4:8], rtol=1e-4, atol=1e-4)
+    assert not block[:, :4].any() and not block[:, 8:].any()  # outside the block: never read
+
+
 def test_dual_cache_end_to_end(tiny_bidirectional_dir):
     engine = load_engine(Settings(model=str(tiny_bidirectional_dir), device="cpu"))
     assert engine.name == "masked" and engine.supports_kv

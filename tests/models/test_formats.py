@@ -577,6 +577,8 @@ def test_block_decoding_refreshes_the_context_kv_at_block_boundaries(tmp_path, r
     assert result.best == "a a a a a a a a" and engine.last_commits == [2, 2, 2, 2]
     full = [n for n in lengths if n == len(ids)]
     assert len(full) == (2 if refresh else 1) and len(lengths) == 4  # blocks of 4, 2 steps each
+    cached = [n for n in lengths if n != len(ids)]
+    assert cached == ([4, 4] if refresh else [8, 8, 8])  # Fast-dLLM: only the current block is recomputed
 
 
 def test_the_dreamon_format_is_never_batched_with_a_fixed_canvas(tmp_path):
