@@ -246,13 +246,30 @@ def start(cfg: TeamConfig, address: str | None = None, num_cpus: int | None = No
     serve.run(build_app(cfg), name=APP_NAME, route_prefix="/", blocking=False)
 
 
-def stop() -> None:
+SHUTDOWN_S = 30.0
+"""How long Serve gets to drain and stop its actors before Ray is taken down regardless."""
+
+
+def stop(timeout_s: float = SHUTDOWN_S) -> None:
+    """Serve down, then Ray. Serve's shutdown waits on its controller, which once outlived a 90 s wait
+    after Ctrl-C in the slow tests; it runs in a thread with a bound, and `ray.shutdown` (which ends
+    the local cluster this process started, its actors with it) follows either way."""
+    import threading
+
     import ray
 
-    try:
-        serve.shutdown()
-    finally:
-        ray.shutdown()
+    def shutdown_serve() -> None:
+        try:
+            serve.shutdown()
+        except Exception as exc:  # the cluster may already be going: nothing left to drain
+            log.warning("Serve shutdown: %s", exc)
+
+    worker = threading.Thread(target=shutdown_serve, name="serve-shutdown", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        log.warning("Serve did not stop within %.0f s; taking Ray down regardless", timeout_s)
+    ray.shutdown()
 
 
 def serve_forever(cfg: TeamConfig, address: str | None = None, num_cpus: int | None = None) -> None:
