@@ -274,11 +274,27 @@ def stop(timeout_s: float = SHUTDOWN_S) -> None:
 
 def serve_forever(cfg: TeamConfig, address: str | None = None, num_cpus: int | None = None) -> None:
     """What `dg-lsp serve-engine` runs: serve until interrupted, then take Serve (and a local Ray) down."""
-    start(cfg, address, num_cpus)
-    auth = "bearer token required" if cfg.token else "no token (loopback only)"
-    log.info("serving on http://%s:%d (%s)", cfg.host, cfg.port, auth)
+    import signal
+
+    def interrupted(signum, _frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def listen() -> None:
+        signal.signal(signal.SIGINT, interrupted)
+        signal.signal(signal.SIGTERM, interrupted)
+
+    # Ctrl-C and a service manager's SIGTERM take Serve and Ray down, also while they start: the proxy
+    # answers before `serve.run` returns, and a process whose parent ignored SIGINT inherits that (a
+    # test run did, and lost its Ctrl-C). Set again once Ray has started: it installs handlers of its own.
+    listen()
     try:
-        while True:
-            time.sleep(3600)
+        start(cfg, address, num_cpus)
+        listen()
+        auth = "bearer token required" if cfg.token else "no token (loopback only)"
+        log.info("serving on http://%s:%d (%s)", cfg.host, cfg.port, auth)
+        while True:  # short sleeps: a signal that lands on one of Ray's threads only runs the handler
+            time.sleep(0.5)  # when the main thread next runs Python
+    except KeyboardInterrupt as exc:
+        log.info("stopping (%s)", exc or "SIGINT")
     finally:
         stop()

@@ -279,7 +279,11 @@ def test_the_command_starts_ray_serves_and_takes_ray_down(tmp_path):
         assert status == 200 and "\n" not in answer["choices"][0]["text"], answer
         assert _http("POST", f"http://127.0.0.1:{port}/v1/fim/completions", body)[0] == 401
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(90) == 0, log_path.read_text()[-4000:]
+        try:
+            code = proc.wait(90)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("running 90 s after Ctrl-C:\n" + log_path.read_text()[-4000:]) from None
+        assert code == 0, log_path.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
