@@ -24,6 +24,7 @@ import torch
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
+from dg_lsp.engine.infill_format import user_turn_ids
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import tokens
@@ -85,14 +86,7 @@ def uses_fim_tokens(tokenizer) -> bool:
 def chat_prompt_ids(tokenizer, prefix: str, suffix: str) -> list[int]:
     """Instruction-tuned checkpoint: prefix + cursor marker + suffix as one user turn."""
     content = CHAT_INSTRUCTION.format(cursor=CURSOR) + "```\n" + prefix + CURSOR + suffix + "\n```"
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(out, dict) or hasattr(out, "input_ids"):
-        out = out["input_ids"]
-    if out and isinstance(out[0], list):
-        out = out[0]
-    return [int(t) for t in out]
+    return user_turn_ids(tokenizer, content)
 
 
 class DiffusionGemmaEngine(LocalEngine):

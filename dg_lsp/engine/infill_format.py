@@ -120,6 +120,12 @@ def chat_head(tokenizer, prefix: str, suffix: str) -> list[int]:
     content = CHAT_INSTRUCTION.format(cursor=CURSOR) + "```\n" + prefix + CURSOR + suffix + "\n```"
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("masked.format 'chat' needs a tokenizer with a chat template")
+    return user_turn_ids(tokenizer, content)
+
+
+def user_turn_ids(tokenizer, content: str) -> list[int]:
+    """`content` as one user turn with the assistant's answer opened, as plain ids: transformers returns a
+    list, a batch of one, or a mapping with `input_ids` depending on the tokenizer class."""
     out = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
     )
