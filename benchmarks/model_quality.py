@@ -278,7 +278,7 @@ def _load_engine(
 
         return DiffusionGemmaEngine(
             model_dir,
-            dtype=resolve_dtype(dtype, "cpu"),
+            dtype=resolve_dtype(dtype, "cpu", Path(model_dir)),
             max_prompt_tokens=prompt_tokens,
             steps=steps,
             use_prompt_cache=False,
