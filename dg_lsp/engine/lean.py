@@ -1,4 +1,5 @@
-"""A lean forward for the shipped Gemma3-shaped models (the embedded 5M diffusion model and its AR twin).
+"""A lean forward for the shipped Gemma3-shaped models (the 5M diffusion model and its AR twin; the packed
+Llama models have theirs in `lean_llama.py`, chosen here too).
 
 At this size a transformers forward is mostly Python: per-call mask construction (vmapped mask
 functions), output capturing, kwargs plumbing and three projections where one matmul would do. On the
@@ -205,19 +206,30 @@ PROBE = "def mean(values):\n    total = sum(values)\n    return total / len(valu
 def adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
     """(the lean forward, "lean") when it supports `model` and matches it on a probe (one full pass both
     ways); else (`model`, why not), for `describe()`."""
-    why = supported(model)
+    from dg_lsp.engine import lean_llama
+
+    cls, why = LeanGemma3, supported(model)
+    if getattr(getattr(model, "config", None), "model_type", None) == "llama":
+        cls, why = lean_llama.LeanLlama, lean_llama.supported(model)
     probe_ids = tokenizer.encode(PROBE, add_special_tokens=False)[:64] if why is None else []
     if why is None and not probe_ids:
         why = "the tokenizer encodes nothing"
     if why is None:
-        lean = LeanGemma3(model)
+        lean = cls(model)
         with torch.inference_mode():
-            ids = torch.tensor([probe_ids], device=lean.embed.device)
+            block = getattr(lean, "block_id", None)
+            if block is not None:  # a block model: the probe also opens a block of masks
+                mask = getattr(model.config, "mask_token_id", None)
+                probe_ids = [*probe_ids, block, *([mask] * 4 if mask is not None else probe_ids[:4])]
+            ids = torch.tensor([probe_ids], device=lean.lm_head.device)
             ref = model(input_ids=ids).logits.float()
             got = lean(input_ids=ids).logits.float()
         err = float((ref - got).abs().max())
         scale = float(ref.abs().max()) or 1.0
-        if err <= 2e-3 * max(1.0, scale):
+        # fp32 agrees to rounding; in bf16 the kernels' accumulation orders differ and a 30-layer model
+        # drifts ~1% of the logits' range (the argmax still agrees), so the bar follows the precision
+        tol = 2e-3 if lean.dtype == torch.float32 else 2e-2
+        if err <= tol * max(1.0, scale):
             log.debug("lean forward on (max logit difference %.2e)", err)
             return lean, "lean"
         why = f"it differs from transformers by {err:.3g}"

@@ -159,6 +159,33 @@ def test_block_engine_canvas_passes_against_cached_prompt_keys_are_exact(tiny_ad
     assert torch.allclose(full, plain, atol=1e-4) and torch.allclose(cached, plain, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["block", "ar"])
+def test_engines_complete_the_same_with_the_lean_forward(tiny_adapted, kind):
+    """The packed models run `lean_llama.LeanLlama`; a cold request, the next keystroke (prompt KV reused)
+    and a single-line request complete exactly as with transformers' forward."""
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    cls = MaskedDiffusionEngine if kind == "block" else AutoregressiveEngine
+    engine = cls(tiny_adapted[kind] / "last")
+    assert engine.describe()["forward"] == "lean"
+    engine.model.float()
+    src = "def add(a, b):\n    total = a + b\n    return total\n\n\nprint(add(1, 2))\n"
+    cut = src.index("total =") + 5
+    requests = [
+        InfillRequest(prefix=src[:cut], suffix=src[cut:], max_tokens=8, doc_key="a"),
+        InfillRequest(prefix=src[: cut + 2], suffix=src[cut + 2 :], max_tokens=8, doc_key="a"),
+        InfillRequest(prefix="def f(x):\n    return ", suffix="\n", max_tokens=8, single_line=True),
+    ]
+    fast = [engine.infill(r) for r in requests]
+    assert fast[1].stats.reused_prompt_tokens > 0
+    engine.model = engine.model.inner
+    engine.reset_caches()
+    slow = [engine.infill(r) for r in requests]
+    assert [r.candidates[0].token_ids for r in fast] == [r.candidates[0].token_ids for r in slow]
+
+
 def test_ar_twin_reads_the_spm_prompt_and_the_plain_base_reads_the_prefix(tiny_adapted, tmp_path):
     from dg_lsp.engine.ar import AutoregressiveEngine
     from dg_lsp.engine.types import InfillRequest
