@@ -197,23 +197,36 @@ def dumps(message: object) -> bytes:
     return text.replace("-Infinity", "-1e400").replace("Infinity", "1e400").encode()
 
 
+def _gone(server, exc: OSError, batch, garbage) -> str:
+    """Everything needed to replay a lost server by hand: once the process is gone Hypothesis cannot
+    shrink (every later example fails the same way), so the input is printed here, whole."""
+    return (
+        f"the server stopped reading ({type(exc).__name__}: {exc}); exit code {server.proc.poll()}\n"
+        f"batch: {batch!r}\ngarbage: {garbage!r}\n--- server log tail ---\n{server.log_text()[-4000:]}"
+    )
+
+
 @settings(
     max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     database=None,
+    print_blob=True,
 )
 @given(batch=st.lists(messages(), min_size=10, max_size=40), garbage=st.lists(raw_frames, max_size=3))
 def _fuzz_batch(server, batch, garbage) -> None:
     expected = []
-    for message, as_request in batch:
-        server.send_bytes(frame(dumps(message)))
-        if as_request:
-            expected.append(message["id"])
-    for raw in garbage:
-        server.send_bytes(raw)
-    if garbage:
-        server.send_bytes(PAD)
+    try:
+        for message, as_request in batch:
+            server.send_bytes(frame(dumps(message)))
+            if as_request:
+                expected.append(message["id"])
+        for raw in garbage:
+            server.send_bytes(raw)
+        if garbage:
+            server.send_bytes(PAD)
+    except OSError as exc:  # a broken pipe: the server exited or closed stdin mid-batch
+        raise AssertionError(_gone(server, exc, batch, garbage)) from None
     # A well-formed request after the garbage proves the stream is back in sync.
     sync = server.request_async("textDocument/codeAction", code_action_params(URIS[0], (0, 0), (0, 0)))
     try:
