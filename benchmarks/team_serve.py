@@ -1,8 +1,9 @@
 """The team server under load: simulated typists against one engine replica on Ray Serve.
 
 Each typist is a thread with its own document (a real source file of this repository) and its own HTTP
-client (`RemoteEngine`, the remote backend an editor would use): it moves its cursor a few characters,
-asks for a completion (`POST /v1/fim/completions`, 32 tokens at most), waits for the answer, pauses for
+client (`RemoteEngine`, the remote backend an editor would use): it types 7 more characters of a stretch
+of the file back in (the window start and the code after the stretch stay put, as in an editor), asks
+for a completion (`POST /v1/fim/completions`, 32 tokens at most), waits for the answer, pauses for
 `--think` seconds and types on. 1, 4 and 16 typists share one replica (one CPU), with the replica's
 batching on (requests waiting together decode as one batch of canvases, `dg_lsp/engine/batching.py`)
 and off (one request after another through the engine's own single-request path). The embedded
@@ -51,16 +52,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def typing(text: str, n: int, k: int) -> InfillRequest:
+    """Typist n's k-th request: the user types a 2,000-character stretch of the file back in, 7 characters
+    per request, as in an editor: the prefix grows from a window start that stays put (the editor's
+    window snaps to a statement boundary) and the suffix, the code after the stretch, does not change."""
+    start = min(len(text) - 600, 400 + 997 * n % max(1, len(text) - 1000))
+    gap_end = min(len(text) - 100, start + 2000)
+    cursor = start + 7 * (1 + k % max(1, (gap_end - start) // 7))
+    lo = max(0, start - 1500)
+    return InfillRequest(text[lo:cursor], text[gap_end : gap_end + 500], max_tokens=32, doc_key=f"t{n}")
+
+
 def typist(n: int, url: str, stop_at: float, start_at: float, think: float, out: list) -> None:
     """Type through one file from a different place per typist, asking for a completion every few keys."""
     text = (common.ROOT / SOURCES[n % len(SOURCES)]).read_text()
-    cursor = min(len(text) - 600, 400 + 997 * n % max(1, len(text) - 1000))
     client = RemoteEngine(url, timeout_s=120)
+    k = 0
     while time.monotonic() < stop_at:
-        cursor = (cursor + 7) % (len(text) - 200) or 400
-        request = InfillRequest(
-            text[max(0, cursor - 1500) : cursor], text[cursor : cursor + 500], max_tokens=32, doc_key=f"t{n}"
-        )
+        request = typing(text, n, k)
+        k += 1
         sent = time.monotonic()
         try:
             result = client.infill(request)
@@ -101,22 +111,16 @@ def measure(url: str, typists: int, duration: float, warm: float, think: float) 
 def engine_alone(model: str, n: int = 16, rounds: int = 3) -> list[dict]:
     """The replica's ceiling without HTTP or Ray: the same 16 typists' requests run in this process,
     as one batch (`EngineRunner` with batching) and one after another (the engine's own path, its
-    per-document prompt cache warm), each typist's cursor 7 characters further every round."""
+    per-document prompt cache warm), each typist 7 characters further every round."""
     from dg_lsp.engine.loader import load_engine
     from dg_lsp.team.local import EngineRunner
 
     engine = load_engine(Settings(model=str(common.ROOT / MODELS[model])))
     engine.warmup()
     texts = [(common.ROOT / SOURCES[i % len(SOURCES)]).read_text() for i in range(n)]
-    cursors = [min(len(t) - 600, 400 + 997 * i % max(1, len(t) - 1000)) for i, t in enumerate(texts)]
 
     def requests(k: int) -> list[InfillRequest]:
-        return [
-            InfillRequest(
-                t[max(0, c + 7 * k - 1500) : c + 7 * k], t[c + 7 * k : c + 7 * k + 500], 32, doc_key=f"t{i}"
-            )
-            for i, (t, c) in enumerate(zip(texts, cursors, strict=True))
-        ]
+        return [typing(t, i, k) for i, t in enumerate(texts)]
 
     rows = []
     for batching in (False, True):

@@ -70,6 +70,14 @@ class LocalEngine:
     ) -> list[Candidate]:
         raise NotImplementedError
 
+    def keep_documents(self, n: int) -> None:
+        """Size the per-document caches for `n` documents in rotation (a team server's typists): an LRU
+        smaller than that evicts every entry before its document comes back, and never hits."""
+        self.continuations.resize(n)
+        prompts = getattr(self, "prompt_cache", None)
+        if prompts is not None:
+            prompts.capacity = max(prompts.capacity, n)
+
     def describe(self) -> dict[str, str]:
         """The facts every local backend reports; subclasses add their sampler's."""
         params = sum(p.numel() for p in self.model.parameters())
@@ -111,17 +119,29 @@ class LocalEngine:
         check = checked(should_cancel)
         check()
         n = max(1, request.num_candidates)
-        if self.use_continuation_cache:
-            rest = self.continuations.lookup(request.doc_key, request.prefix, request.suffix)
-            if rest is not None:
-                stats = InfillStats(cache_hit=True, total_ms=(time.perf_counter() - start) * 1000)
-                return InfillResult([Candidate(text=t) for t in rest[:n]], stats)
+        hit = self.continued(request)
+        if hit is not None:
+            return hit
         stats = InfillStats()
         cands = self._generate(request, check, stats)
         ranked = rank_candidates(cands, request.syntax_ok)[:n]
-        if self.use_continuation_cache:
-            self.continuations.remember(
-                request.doc_key, request.prefix, request.suffix, [c.text for c in ranked]
-            )
+        self.shown(request, ranked)
         stats.total_ms = (time.perf_counter() - start) * 1000
         return InfillResult(ranked, stats)
+
+    def continued(self, request: InfillRequest) -> InfillResult | None:
+        """The rest of the suggestion shown for this document, when the user typed its start: no pass."""
+        if not self.use_continuation_cache:
+            return None
+        rest = self.continuations.lookup(request.doc_key, request.prefix, request.suffix)
+        if rest is None:
+            return None
+        return InfillResult([Candidate(text=t) for t in rest[: max(1, request.num_candidates)]],
+                            InfillStats(cache_hit=True))  # fmt: skip
+
+    def shown(self, request: InfillRequest, candidates: list[Candidate]) -> None:
+        """Remember what this request returns, for `continued` (also called by the batched runners)."""
+        if self.use_continuation_cache:
+            self.continuations.remember(
+                request.doc_key, request.prefix, request.suffix, [c.text for c in candidates]
+            )

@@ -25,7 +25,8 @@ import torch
 from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
-from dg_lsp.engine.kv import cache_kwarg, new_cache
+from dg_lsp.engine.cache import common_prefix_len
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -83,6 +84,7 @@ class BatchedMasked:
         self.forwards = 0
         """Batched forward passes run so far (tests and the benchmark read it)."""
         self.rows_cancelled = 0
+        self._last_full = None
 
     def run(
         self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
@@ -163,6 +165,10 @@ class BatchedMasked:
         dual = eng.cfg.dual_cache and eng.supports_kv
         ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         ctx_row = torch.full((n_rows,), -1, dtype=torch.long, device=eng.device)
+
+        def rows_of(jobs: list[_Job]) -> torch.Tensor:
+            return torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in jobs])
+
         while True:
             live = []
             for j in jobs:
@@ -176,13 +182,31 @@ class BatchedMasked:
                 live.append(j)
             if not live:
                 return
-            idx = torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in live])
             t0 = time.perf_counter()
             if ctx is None:
-                logits, ctx = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual)
-                if ctx is not None:
+                # the first pass, per group of rows that reuse about as much of their documents' prompts
+                groups = self._reuse_groups(live, head, shift, lo) if dual else [live]
+                live = [j for g in groups for j in g]
+                parts = []
+                for group in groups:
+                    past = self._reused(group, head, shift)
+                    parts.append(
+                        self._full_pass(x, attn, pos, rows_of(group), lo, hi, length, keep, dual, past)
+                    )
+                    if dual:
+                        self._remember(group, head, ctx_full=self._last_full)
+                    for j in group:
+                        j.stats.reused_prompt_tokens = max(0, past[0] - (head - j.start))
+                logits = torch.cat([lg for lg, _ in parts])
+                idx = rows_of(live)
+                if dual:
+                    ctx = [
+                        (torch.cat([c[i][0] for _, c in parts]), torch.cat([c[i][1] for _, c in parts]))
+                        for i in range(len(parts[0][1]))
+                    ]
                     ctx_row[idx] = torch.arange(len(idx), device=eng.device)
             else:
+                idx = rows_of(live)
                 logits = self._canvas_pass(x, attn, pos, idx, lo, hi, ctx, ctx_row[idx])[:, :length]
             self.forwards += 1
             r = 0
@@ -195,21 +219,98 @@ class BatchedMasked:
             step_ms = (time.perf_counter() - t0) * 1000
             eng.ms_per_step = step_ms if eng.ms_per_step is None else 0.7 * eng.ms_per_step + 0.3 * step_ms
 
-    def _full_pass(self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool):
-        """Canvas logits from a pass over every column; with the dual cache on, also the context's keys
-        and values (every column but the canvas and, when shifted, the token before it)."""
+    REUSE_SLACK = 64
+    """Rows whose reusable prompt ends within this many columns of the canvas share one first pass."""
+
+    def _reuse_groups(self, live: list[_Job], head: int, shift: int, lo: int) -> list[list[_Job]]:
+        """The rows split in two for the first pass: those whose documents' cached prompts cover all but
+        a few columns before the canvas, and the rest (new documents, an edit far from the cursor, a
+        prompt window that moved). One pass from the smallest reusable column would make a single new
+        document cost every row its whole prompt."""
+        eng = self.engine
+        if not eng.use_prompt_cache:
+            return [live]
+        near, far = [], []
+        for j in live:
+            snap = eng.prompt_cache.get(j.request.doc_key)
+            n = min(common_prefix_len(snap.ids, j.ids), j.start - shift) if snap is not None else 0
+            (near if n and head - j.start + n >= lo - self.REUSE_SLACK else far).append(j)
+        return [g for g in (near, far) if g]
+
+    def _reused(self, live: list[_Job], head: int, shift: int) -> tuple[int, object]:
+        """(c0, cache): the first pass may start at column c0, the keys and values before it taken from
+        each document's previous request (the engine's per-document prompt cache, as one request alone
+        reuses it). c0 is the smallest reusable column over the rows, so rows that could reuse more
+        recompute a few tokens: each row's reused tokens are a prefix of its own. Pad columns stay zero
+        (the attention mask hides them)."""
+        eng = self.engine
+        if not eng.use_prompt_cache:
+            return 0, None
+        found = []
+        for j in live:
+            left = head - j.start
+            snap = eng.prompt_cache.get(j.request.doc_key)
+            n = min(common_prefix_len(snap.ids, j.ids), j.start - shift) if snap is not None else 0
+            found.append((snap, left, n))
+        c0 = min(left + n for _, left, n in found)
+        ref = next((snap for snap, left, n in found if n and c0 > left), None)
+        if c0 <= 0 or ref is None:
+            return 0, None
+        rows = sum(j.rows for j in live)
+        cache = new_cache(eng.model.config, record=False)
+        for i, layer in enumerate(cache.layers):
+            k_ref, v_ref = ref.keys[i], ref.values[i]
+            keys = k_ref.new_zeros(rows, k_ref.shape[1], c0, k_ref.shape[3])
+            values = v_ref.new_zeros(rows, v_ref.shape[1], c0, v_ref.shape[3])
+            r = 0
+            for j, (snap, left, n) in zip(live, found, strict=True):
+                if snap is not None and n and c0 > left:
+                    keys[r : r + j.rows, :, left:c0] = snap.keys[i][:, :, : c0 - left]
+                    values[r : r + j.rows, :, left:c0] = snap.values[i][:, :, : c0 - left]
+                r += j.rows
+            layer.update(keys, values)
+        return c0, cache
+
+    def _remember(self, live: list[_Job], head: int, ctx_full) -> None:
+        """Each document's first-pass keys and values, for its next request (batched or alone)."""
+        eng = self.engine
+        if ctx_full is None or not eng.use_prompt_cache:
+            return
+        r = 0
+        for j in live:
+            if j.request.doc_key is not None:
+                left = head - j.start
+                cols = slice(left, left + len(j.ids))
+                snap = KVSnapshot(
+                    ids=list(j.ids),
+                    keys=[la.keys[r : r + 1, :, cols].clone() for la in ctx_full.layers],
+                    values=[la.values[r : r + 1, :, cols].clone() for la in ctx_full.layers],
+                )
+                eng.prompt_cache.put(j.request.doc_key, snap)
+            r += j.rows
+
+    def _full_pass(
+        self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool, past=(0, None)
+    ):
+        """Canvas logits from a pass over every column (from column c0 when `past` = (c0, cache) holds
+        the keys and values before it); with the dual cache on, also the context's keys and values
+        (every column but the canvas and, when shifted, the token before it)."""
         model = self.engine.model
+        c0, cache = past
         kw: dict = dict(keep)
-        cache = None
+        if keep and c0:
+            kw["logits_to_keep"] = keep["logits_to_keep"] - c0
+        self._last_full = None
         if dual:
-            cache = new_cache(model.config, record=False)
+            cache = cache if cache is not None else new_cache(model.config, record=False)
             kw[cache_kwarg(model.forward) or "past_key_values"] = cache
         logits = model(
-            input_ids=x[idx], attention_mask=attn[idx], position_ids=pos[idx], use_cache=dual, **kw
+            input_ids=x[idx, c0:], attention_mask=attn[idx], position_ids=pos[idx, c0:], use_cache=dual, **kw
         ).logits
-        logits = logits if keep else logits[:, lo : lo + length]
+        logits = logits if keep else logits[:, lo - c0 : lo - c0 + length]
         if cache is None:
             return logits, None
+        self._last_full = cache
         ctx = [
             (
                 torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
@@ -322,19 +423,9 @@ class BatchedAR:
         cancelled = [False] * n
         newline = eng.newline_ids()
         with torch.inference_mode():
-            cache = new_cache(eng.model.config)
             model = eng.model
             cache_arg = cache_kwarg(model.forward) or eng.cache_arg
-            out = model(
-                input_ids=x,
-                attention_mask=attn,
-                position_ids=pos,
-                use_cache=True,
-                **{cache_arg: cache},
-                **eng._last,
-            )
-            self.forwards += 1
-            logits = out.logits[:, -1, :].float()
+            cache, logits = self._prefill(x, attn, pos, prompts, requests, stats, cache_arg)
             while True:
                 nxt = torch.full((n, 1), pad, dtype=torch.long, device=eng.device)
                 for i, req in enumerate(requests):
@@ -390,6 +481,90 @@ class BatchedAR:
             text = eng.tokenizer.decode(new[i], skip_special_tokens=True)
             results.append(InfillResult([Candidate(text, score, new[i])], stats[i]))
         return results
+
+    def _prefill(self, x, attn, pos, prompts, requests, stats, cache_arg):
+        """(one cache for every row, last-position logits): each group of rows (`_prompt_groups`) starts at
+        the first column any of its rows cannot take from its document's cached prompt; causal attention
+        makes the reused keys and values exact."""
+        eng, model = self.engine, self.engine.model
+        n, total = x.shape
+        logits = None
+        layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for rows, found in _prompt_groups(eng, prompts, requests):
+            lefts = [total - len(prompts[i]) for i in rows]
+            c0 = min(left + k for left, (_, k) in zip(lefts, found, strict=True))
+            cache = new_cache(model.config)
+            ref = next((snap for (snap, k), left in zip(found, lefts, strict=True) if k and c0 > left), None)
+            if c0 > 0 and ref is not None:
+                for li, layer in enumerate(cache.layers):
+                    keys = ref.keys[li].new_zeros(len(rows), ref.keys[li].shape[1], c0, ref.keys[li].shape[3])
+                    values = ref.values[li].new_zeros(
+                        len(rows), ref.values[li].shape[1], c0, ref.values[li].shape[3]
+                    )
+                    for r, ((snap, k), left) in enumerate(zip(found, lefts, strict=True)):
+                        if snap is not None and k and c0 > left:
+                            keys[r, :, left:c0] = snap.keys[li][0, :, : c0 - left]
+                            values[r, :, left:c0] = snap.values[li][0, :, : c0 - left]
+                    layer.update(keys, values)
+            else:
+                c0 = 0
+            idx = torch.tensor(rows, device=x.device)
+            out = model(
+                input_ids=x[idx, c0:],
+                attention_mask=attn[idx],
+                position_ids=pos[idx, c0:],
+                use_cache=True,
+                **{cache_arg: cache},
+                **eng._last,
+            )
+            self.forwards += 1
+            if logits is None:
+                logits = out.logits.new_zeros(n, out.logits.shape[-1])
+                layers = [
+                    (la.keys.new_zeros(n, *la.keys.shape[1:]), la.values.new_zeros(n, *la.values.shape[1:]))
+                    for la in cache.layers
+                ]
+            logits[idx] = out.logits[:, -1, :]
+            for (keys, values), la in zip(layers, cache.layers, strict=True):
+                keys[idx], values[idx] = la.keys, la.values
+            for r, i in enumerate(rows):
+                stats[i].reused_prompt_tokens = max(0, c0 - lefts[r])
+                doc = requests[i].doc_key
+                if eng.use_prompt_cache and doc is not None:
+                    cols = slice(lefts[r], total)
+                    eng.prompt_cache.put(
+                        doc,
+                        KVSnapshot(
+                            ids=list(prompts[i]),
+                            keys=[la.keys[r : r + 1, :, cols].clone() for la in cache.layers],
+                            values=[la.values[r : r + 1, :, cols].clone() for la in cache.layers],
+                        ),
+                    )
+        full = new_cache(model.config)
+        for layer, (keys, values) in zip(full.layers, layers, strict=True):
+            layer.update(keys, values)
+        assert logits is not None
+        return full, logits.float()
+
+
+PREFILL_SLACK = 64
+"""`BatchedAR`: rows with at most this many new prompt tokens share one prefill; the rest take another."""
+
+
+def _prompt_groups(
+    eng, prompts: list[list[int]], requests: Sequence[InfillRequest]
+) -> list[tuple[list[int], list]]:
+    """[(rows, [(snapshot, tokens to reuse) per row])], near and far, as `BatchedMasked` splits them:
+    one new document must not make every row prefill its whole prompt."""
+    near: tuple[list[int], list] = ([], [])
+    far: tuple[list[int], list] = ([], [])
+    for i, (ids, req) in enumerate(zip(prompts, requests, strict=True)):
+        snap = eng.prompt_cache.get(req.doc_key) if eng.use_prompt_cache else None
+        n = min(common_prefix_len(snap.ids, ids), len(ids) - 1) if snap is not None else 0
+        group = near if n and len(ids) - n <= PREFILL_SLACK else far
+        group[0].append(i)
+        group[1].append((snap, n))
+    return [g for g in (near, far) if g[0]]
 
 
 def batcher_for(engine):

@@ -91,5 +91,9 @@ class ContinuationCache:
     def forget(self, doc_key: str | None) -> None:
         self._lru.pop(doc_key)
 
+    def resize(self, capacity: int) -> None:
+        """Grow to at least `capacity` documents (never shrinks: entries are cheap text)."""
+        self._lru.capacity = max(self._lru.capacity, capacity)
+
     def clear(self) -> None:
         self._lru.clear()

@@ -24,11 +24,19 @@ from dg_lsp.engine.types import Cancelled, InfillEngine, InfillRequest, InfillRe
 log = logging.getLogger(__name__)
 
 
+DOCUMENTS = 64
+"""Documents whose prompt KV and shown suggestion a replica keeps (the engines' default, 8, suits one
+editor; 16 typists would evict each other's entries before they came back)."""
+
+
 class EngineRunner:
-    def __init__(self, engine: InfillEngine, batching: bool = True) -> None:
+    def __init__(self, engine: InfillEngine, batching: bool = True, documents: int = DOCUMENTS) -> None:
         self.engine = engine
         self.batching = batching
         self.batcher = batcher_for(engine)
+        keep = getattr(engine, "keep_documents", None)
+        if keep is not None:
+            keep(documents)
         self.batches = 0
         self.requests = 0
         self.cancelled = 0
@@ -48,11 +56,21 @@ class EngineRunner:
 
     def _run(self, requests: Sequence[InfillRequest], cancels: Sequence[Callable[[], bool]]) -> list[Outcome]:
         if self.batcher is not None and self.batching and len(requests) > 1:
+            # as alone: a user typing into the suggestion shown gets its rest with no pass
+            out: list[Outcome | None] = [self.engine.continued(r) for r in requests]
+            todo = [i for i, o in enumerate(out) if o is None]
             try:
-                return self.batcher.run(requests, cancels)
+                done = (
+                    self.batcher.run([requests[i] for i in todo], [cancels[i] for i in todo]) if todo else []
+                )
             except Exception as exc:  # one bad batch fails its requests, not the replica
-                log.exception("team server: batch of %d failed", len(requests))
-                return [exc] * len(requests)
+                log.exception("team server: batch of %d failed", len(todo))
+                done = [exc] * len(todo)
+            for i, outcome in zip(todo, done, strict=True):
+                out[i] = outcome
+                if isinstance(outcome, InfillResult):
+                    self.engine.shown(requests[i], outcome.candidates)
+            return out  # type: ignore[return-value]
         out: list[Outcome] = []
         for request, cancel in zip(requests, cancels, strict=True):
             try:

@@ -79,6 +79,31 @@ def test_batched_masked_equals_unbatched(masked_engine):
         assert a.stats.generated_tokens == b.stats.generated_tokens
 
 
+def test_batched_requests_reuse_each_documents_prompt_kv(fp32):
+    """The next keystroke in two documents, batched: each row starts from its document's cached prompt
+    keys and values (from a batch or from a request alone) and decodes what the engine alone decodes
+    with its per-document prompt cache."""
+    engine = MaskedDiffusionEngine(EMBEDDED_DIR, use_continuation_cache=False)
+    assert engine.use_prompt_cache and engine.dual_on()
+    body = "import os\n\n\ndef scale(values, k={k}):\n    out = []\n"
+    body += "    for v in values:\n        out.append(v * k)\n"
+    docs = {name: body.format(k=k) for name, k in (("a", 2), ("b", 3))}  # same token counts, other text
+    first = [InfillRequest(t + "    return ", "\n", max_tokens=16, doc_key=n) for n, t in docs.items()]
+    typed = [InfillRequest(t + "    return out", "\n", max_tokens=16, doc_key=n) for n, t in docs.items()]
+    alone = [engine.infill(r) for r in (*first, *typed)][2:]
+    assert all(r.stats.reused_prompt_tokens > 0 for r in alone)
+    engine.reset_caches()
+    runner = BatchedMasked(engine)
+    runner.run(first)
+    together = runner.run(typed)
+    for a, b in zip(alone, together, strict=True):
+        assert b.stats.reused_prompt_tokens == a.stats.reused_prompt_tokens
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+    engine.reset_caches()
+    runner.run(first)  # a batch leaves snapshots the engine's own path reuses
+    assert engine.infill(typed[0]).stats.reused_prompt_tokens == alone[0].stats.reused_prompt_tokens
+
+
 def test_a_cancelled_row_leaves_the_others_untouched(masked_engine):
     runner = BatchedMasked(masked_engine)
     calls = {"n": 0}
@@ -102,3 +127,44 @@ def test_batched_ar_equals_unbatched(fp32):
     for a, b in zip(alone, together, strict=True):
         assert a.best == b.best
         assert a.candidates[0].mean_logprob == pytest.approx(b.candidates[0].mean_logprob, abs=1e-4)
+
+
+def test_the_team_runner_serves_typed_suggestions_without_a_pass_and_keeps_every_document(fp32):
+    """A replica's runner: a request whose prefix typed into the suggestion shown for its document is
+    answered from it (no forward), the others batch; and 16 documents all keep their prompt KV."""
+    from dg_lsp.team.local import EngineRunner
+
+    engine = MaskedDiffusionEngine(EMBEDDED_DIR)
+    runner = EngineRunner(engine, batching=True)
+    docs = [InfillRequest(f"def f{i}(x):\n    return ", "\n", 8, doc_key=f"d{i}") for i in range(16)]
+    first = runner.run(docs, [lambda: False] * 16)
+    assert len(engine.prompt_cache) == 16
+    shown = next(i for i, r in enumerate(first) if len(r.best) > 1)
+    typed = InfillRequest(docs[shown].prefix + first[shown].best[0], "\n", max_tokens=8, doc_key=f"d{shown}")
+    other = InfillRequest("def g(y):\n    return ", "\n", max_tokens=8, doc_key="new")
+    forwards = runner.batcher.forwards
+    hit, miss = runner.run([typed, other], [lambda: False] * 2)
+    assert hit.stats.cache_hit and hit.best == first[shown].best[1:]
+    assert not miss.stats.cache_hit and runner.batcher.forwards > forwards
+
+
+def test_batched_ar_reuses_each_documents_prompt_exactly(fp32):
+    """The AR twin's prompts are causal, so reused keys and values are exact: the next keystroke in two
+    documents, batched with a document never seen (it prefills apart), decodes what each decodes alone."""
+    engine = AutoregressiveEngine(AR_TWIN_DIR, use_continuation_cache=False)
+    body = "import os\n\n\ndef scale(values, k):\n    out = []\n    for v in values:\n"
+    box = "class Box:\n    def __init__(self):\n        "
+    first = [InfillRequest(body + "        out.append(v * k)\n    return ", "\n", 16, doc_key="a"),
+             InfillRequest(box, "\n", 16, doc_key="b")]  # fmt: skip
+    typed = [InfillRequest(first[0].prefix + "out", "\n", 16, doc_key="a"),
+             InfillRequest(first[1].prefix + "self.items = ", "\n", 16, doc_key="b"),
+             InfillRequest("def mean(xs):\n    return ", "\n", 16, doc_key="c")]  # fmt: skip
+    alone = [engine.infill(r) for r in (*first, *typed)][2:]
+    engine.reset_caches()
+    runner = BatchedAR(engine)
+    runner.run(first)
+    together = runner.run(typed)
+    for a, b in zip(alone, together, strict=True):  # a row may recompute a few tokens its group needs
+        assert b.stats.reused_prompt_tokens <= a.stats.reused_prompt_tokens
+        assert a.candidates[0].token_ids == b.candidates[0].token_ids
+    assert [r.stats.reused_prompt_tokens > 0 for r in together] == [True, True, False]
