@@ -343,12 +343,12 @@ class BatchedMasked:
             logits[:, 0, j.blank_start] = -1e9
         j.stats.forward_passes += 1
         logp = torch.log_softmax(logits, dim=-1)
-        scores = logp.clone()
+        scores = logp.clone() if j.rows > 1 else logp
         if j.rows > 1:
             u = torch.rand(scores.shape, generator=j.gen, device=scores.device).clamp_(1e-9, 1 - 1e-9)
             scores[1:] = scores[1:] / cfg.temperature + (-torch.log(-torch.log(u)))[1:]
         pred = scores.argmax(dim=-1)
-        conf = sampler.confidence(logits, cfg.confidence)
+        conf = sampler.confidence(logits, cfg.confidence, logp=logp)
         masked = j.masked
         active = masked
         if cfg.stop_at_frontier:
@@ -360,7 +360,7 @@ class BatchedMasked:
         else:
             need = sampler.quota(n_pool, j.steps - j.step)
         at_quota = sampler.select_commits(conf, active, need, None, at_least_one=cfg.schedule != "dream")
-        commit = commit_rules.select(commit_rules.view(logits, active), rules, at_quota)
+        commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
         canvas[commit] = pred[commit]
         picked = logp.gather(-1, pred[..., None]).squeeze(-1)
         j.logp_sum += (picked * commit).sum(dim=-1)
