@@ -96,6 +96,10 @@ class Summary:
     suites: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+def _first_model_dir(args) -> str:
+    return (args.model or ["=dg_lsp/models/embedded"])[0].rsplit("=", 1)[-1]
+
+
 def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:
     """Infills from held-out files, drawn and truncated exactly like training examples (seed 777)."""
     from transformers import AutoTokenizer
@@ -453,7 +457,9 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
             else "Scored on the engine's raw first candidate. "
         )
         + (f"Masked sampler options: `{' '.join(args.masked)}`. " if args.masked else "")
-        + f"Subsets: held-out {args.spans} spans; HumanEval single-line every {args.single_every}th task, "
+        + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
+        + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
+        + f"HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
         "| suite | tasks | metric | " + " | ".join(summaries) + " |",
@@ -541,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="masked sampler option, as the `masked.*` setting (e.g. blockLength=8, threshold=0.8)",
     )
+    ap.add_argument(
+        "--tasks-tokenizer",
+        type=Path,
+        help="the tokenizer that draws and truncates the held-out spans (default: the first model's); "
+        "runs of models with different tokenizers score the same spans only when they name the same one",
+    )
     args = ap.parse_args(argv)
 
     start = time.perf_counter()
@@ -551,9 +563,8 @@ def main(argv: list[str] | None = None) -> int:
     models = dict(spec.rsplit("=", 1) for spec in specs)
     tasks: list[Task] = []
     if (args.corpus / "valid.jsonl").exists() and args.spans > 0:
-        tasks += held_out_tasks(
-            args.corpus, Path(next(iter(models.values()))), args.spans, args.prompt_tokens, 32
-        )
+        drawn_by = args.tasks_tokenizer or Path(next(iter(models.values())))
+        tasks += held_out_tasks(args.corpus, drawn_by, args.spans, args.prompt_tokens, 32)
     else:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
     for suite, every in (
