@@ -167,8 +167,10 @@ def main() -> int:
         extra=(
             f"One engine replica (1 CPU, 1 torch thread) on a local Ray ({args.num_cpus} CPUs, shared with "
             "the ingress, the HTTP proxy and the typists). Each typist: a request "
-            f"{args.think * 1000:g} ms after the previous answer, 32 tokens at most, 1,500 characters before "
-            "the cursor and 500 after; "
+            f"{args.think * 1000:g} ms after the previous answer, 32 tokens at most, typing a "
+            "2,000-character stretch of its file back in 7 characters per request (the window's start, "
+            "1,500 characters before the stretch, and the 500 characters after it stay put, as an editor "
+            "sends them); "
             f"{args.duration:g} s measured after {args.warm:g} s of load per point."
         ),
     )
