@@ -189,7 +189,7 @@ class BatchedMasked:
                 live = [j for g in groups for j in g]
                 parts = []
                 for group in groups:
-                    past = self._reused(group, head, shift)
+                    past = self._reused(group, head, shift) if dual else (0, None)
                     parts.append(
                         self._full_pass(x, attn, pos, rows_of(group), lo, hi, length, keep, dual, past)
                     )

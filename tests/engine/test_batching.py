@@ -102,6 +102,17 @@ def test_batched_requests_reuse_each_documents_prompt_kv(fp32):
     engine.reset_caches()
     runner.run(first)  # a batch leaves snapshots the engine's own path reuses
     assert engine.infill(typed[0]).stats.reused_prompt_tokens == alone[0].stats.reused_prompt_tokens
+    # with full passes every step there is no KV to reuse, however full the prompt cache
+    import dataclasses
+
+    saved, engine.cfg = engine.cfg, dataclasses.replace(engine.cfg, dual_cache=False)
+    try:
+        full = [engine.infill(r) for r in typed]
+        batched = BatchedMasked(engine).run(typed)
+    finally:
+        engine.cfg = saved
+    assert [r.best for r in batched] == [r.best for r in full]
+    assert all(r.stats.reused_prompt_tokens == 0 for r in batched)
 
 
 def test_a_cancelled_row_leaves_the_others_untouched(masked_engine):
