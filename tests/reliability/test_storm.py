@@ -13,7 +13,7 @@ from tests.reliability.storm import run_storm
 
 
 def test_typing_storm_keeps_queue_bounded_and_text_exact(tmp_path, tiny_model_dir):
-    options = {"dgLsp": {"model": str(tiny_model_dir), "maxTokens": 16, "denoisingSteps": 4}}
+    options = {"dgLsp": {"model": str(tiny_model_dir), "maxTokens": 32, "denoisingSteps": 16}}
     with raw_server(tmp_path / "server.log", options) as server:
         result = run_storm(server, seconds=12, keys_per_s=25, seed=1)
         figures = result.summary()
