@@ -42,6 +42,12 @@ def supported(model: nn.Module) -> str | None:
         return f"RoPE type {rope.get('rope_type')}"
     if cfg.hidden_activation != "gelu_pytorch_tanh":
         return f"activation {cfg.hidden_activation}"
+    return plain_projections(model)
+
+
+def plain_projections(model: nn.Module) -> str | None:
+    """None when every decoder layer's projections are plain bias-free `nn.Linear`s (what the lean
+    forwards multiply by directly); else why not. Shared by the Gemma3 and Llama forwards."""
     for layer in model.model.layers:
         att, mlp = layer.self_attn, layer.mlp
         projections = (

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dg_lsp.engine.lean import plain_projections
+
 
 def supported(model: nn.Module) -> str | None:
     """None when `model` is a Llama this forward reproduces; else why not."""
@@ -39,20 +41,7 @@ def supported(model: nn.Module) -> str | None:
         return f"activation {cfg.hidden_act}"
     if getattr(cfg, "pretraining_tp", 1) != 1:
         return "tensor-parallel pretraining split"
-    for layer in model.model.layers:
-        att, mlp = layer.self_attn, layer.mlp
-        projections = (
-            att.q_proj,
-            att.k_proj,
-            att.v_proj,
-            att.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        )
-        if any(type(p) is not nn.Linear or p.bias is not None for p in projections):
-            return "quantized or biased linear layers"
-    return None
+    return plain_projections(model)
 
 
 class LeanLlama(nn.Module):
