@@ -125,39 +125,60 @@ try {
     );
     check('vsix installs', inst.status === 0, (inst.stdout + inst.stderr).trim().split('\n').slice(-2).join(' '));
 
-    step('starting code-server');
-    server = spawn(
-        CODE_SERVER,
-        [
-            '--auth', 'none', '--bind-addr', `127.0.0.1:${opts.port}`, '--user-data-dir', userData,
-            '--extensions-dir', extDir, '--disable-telemetry', '--disable-update-check',
-            '--disable-workspace-trust', '--disable-getting-started-override', ws,
-        ],
-        { env, stdio: ['ignore', 'pipe', 'pipe'] },
-    );
+    // code-server reads settings.json when it starts; a running one does not reliably see the file
+    // change (its watcher, or the workbench's cached configuration, can keep the old value through a
+    // reload). So each phase starts a fresh code-server and a fresh browser context on the new settings,
+    // as a user's new window after an install would.
     let serverLog = '';
-    server.stdout.on('data', (d) => (serverLog += d));
-    server.stderr.on('data', (d) => (serverLog += d));
-    const started = Date.now();
-    while (!serverLog.includes('HTTP server listening')) {
-        if (Date.now() - started > 60_000 || server.exitCode !== null) throw new Error(`code-server did not start:\n${serverLog}`);
-        await new Promise((r) => setTimeout(r, 200));
-    }
-
-    step('launching chromium');
-    browser = await chromium.launch({
-        executablePath: opts.chromium,
-        headless: true,
-        args: [
-            '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-            '--disable-background-networking', '--disable-component-update', '--disable-sync',
-        ],
-    });
-    const page = await browser.newPage({ viewport: { width: 1280, height: 720 } });
-    page.setDefaultTimeout(TIMEOUT_MS);
-    await page.goto(`http://127.0.0.1:${opts.port}/?folder=${encodeURIComponent(ws)}`);
-    await page.waitForSelector('.monaco-workbench .part.statusbar');
-    step('workbench up');
+    const startEditor = async () => {
+        step('starting code-server');
+        serverLog = '';
+        server = spawn(
+            CODE_SERVER,
+            [
+                '--auth', 'none', '--bind-addr', `127.0.0.1:${opts.port}`, '--user-data-dir', userData,
+                '--extensions-dir', extDir, '--disable-telemetry', '--disable-update-check',
+                '--disable-workspace-trust', '--disable-getting-started-override', ws,
+            ],
+            { env, stdio: ['ignore', 'pipe', 'pipe'] },
+        );
+        server.stdout.on('data', (d) => (serverLog += d));
+        server.stderr.on('data', (d) => (serverLog += d));
+        const started = Date.now();
+        while (!serverLog.includes('HTTP server listening')) {
+            if (Date.now() - started > 60_000 || server.exitCode !== null) throw new Error(`code-server did not start:\n${serverLog}`);
+            await new Promise((r) => setTimeout(r, 200));
+        }
+        if (!browser) {
+            step('launching chromium');
+            browser = await chromium.launch({
+                executablePath: opts.chromium,
+                headless: true,
+                args: [
+                    '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+                    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+                ],
+            });
+        }
+        // A new context each time: nothing of the last window's state (its cached settings) carries over.
+        const context = await browser.newContext({ viewport: { width: 1280, height: 720 } });
+        const fresh = await context.newPage();
+        fresh.setDefaultTimeout(TIMEOUT_MS);
+        await fresh.goto(`http://127.0.0.1:${opts.port}/?folder=${encodeURIComponent(ws)}`);
+        await fresh.waitForSelector('.monaco-workbench .part.statusbar');
+        step('workbench up');
+        return fresh;
+    };
+    // Close the window and stop code-server (and with it the extension host and its dg-lsp).
+    const stopEditor = async () => {
+        await page.context().close();
+        const exited = new Promise((r) => (server.exitCode !== null ? r() : server.once('exit', r)));
+        server.kill('SIGTERM');
+        await Promise.race([exited, new Promise((r) => setTimeout(r, 15_000))]);
+        if (server.exitCode === null && server.signalCode === null) server.kill('SIGKILL');
+        step('code-server stopped');
+    };
+    let page = await startEditor();
 
     // Open the file through Quick Open, as a user would.
     const openFile = async () => {
@@ -201,23 +222,12 @@ try {
         toast,
     );
 
-    // Phase 2: the user installs dg-lsp and points the setting at it. code-server's file watcher does
-    // not see settings.json change here, so the window is reloaded (as after any install).
+    // Phase 2: the user installs dg-lsp and points the setting at it, then opens a new window.
+    await stopEditor();
     writeSettings(which);
-    await page.waitForTimeout(2000);
-    await page.reload();
-    await page.waitForSelector('.monaco-workbench .part.statusbar');
+    page = await startEditor();
     await openFile();
-    step('dgLsp.server.path set to the installed dg-lsp; window reloaded');
-    if (/not found/.test(await waitFor(statusText, (t) => t !== '' && !/not found/.test(t), 10_000))) {
-        // The reload can race the settings file: do what the message says.
-        await page.keyboard.press('Control+Shift+P');
-        await page.waitForSelector('.quick-input-widget input');
-        await page.keyboard.type('dg-lsp: Restart Server');
-        await page.waitForTimeout(500);
-        await page.keyboard.press('Enter');
-        step('ran "dg-lsp: Restart Server"');
-    }
+    step('dgLsp.server.path set to the installed dg-lsp; editor restarted');
 
     // The status bar says when the model is ready; typing before that gets no ghost text.
     const seen = new Set();
@@ -295,10 +305,9 @@ try {
 
     // Phase 3: a model that cannot load. The server keeps running; the status bar must say so.
     const badModel = join(work, 'no-such-model');
+    await stopEditor();
     writeSettings(which, { 'dgLsp.model': badModel });
-    await page.waitForTimeout(2000);
-    await page.reload();
-    await page.waitForSelector('.monaco-workbench .part.statusbar');
+    page = await startEditor();
     const failedStatus = await waitFor(statusText, (t) => /model failed/.test(t), 120_000);
     const failedToasts = await waitFor(toasts, (ts) => ts.some((t) => t.includes('could not load model')), 20_000);
     await page.screenshot({ path: join(OUT, 'model-failed.png') });
