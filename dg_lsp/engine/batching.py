@@ -49,6 +49,64 @@ def shape_buckets(lengths: Sequence[int], buckets: Sequence[int]) -> dict[int, l
     return dict(sorted(groups.items(), key=lambda kv: -len(kv[1])))
 
 
+@dataclass(frozen=True)
+class _Cached:
+    """What one batch member (`rows` rows) can take from its document's cached prompt: the snapshot, the
+    column its prompt starts at in the batch, and how many of its leading tokens the snapshot holds."""
+
+    snap: KVSnapshot | None
+    left: int
+    n: int
+    rows: int = 1
+
+    @property
+    def end(self) -> int:
+        """The first column this member must compute."""
+        return self.left + self.n
+
+
+def _cached(eng, key: str | None, ids: list[int], left: int, limit: int, rows: int = 1) -> _Cached:
+    """One prompt-cache lookup: the snapshot and its common prefix with `ids`, at most `limit` tokens."""
+    snap = eng.prompt_cache.get(key) if eng.use_prompt_cache else None
+    n = min(common_prefix_len(snap.ids, ids), limit) if snap is not None else 0
+    return _Cached(snap, left, n, rows)
+
+
+def _near_far(members: list, cached: Sequence[_Cached], slack: int, upto: int) -> list[list]:
+    """The members split in two for their first pass: those whose cached prompts end within `slack`
+    columns of column `upto`, and the rest (new documents, an edit far from the cursor, a moved prompt
+    window). One pass from the smallest reusable column would make a single new document cost every row
+    its whole prompt."""
+    near = [m for m, c in zip(members, cached, strict=True) if c.n and c.end >= upto - slack]
+    far = [m for m, c in zip(members, cached, strict=True) if not (c.n and c.end >= upto - slack)]
+    return [g for g in (near, far) if g]
+
+
+def _stitched(config, cached: Sequence[_Cached], record: bool) -> tuple[int, object]:
+    """(c0, cache): the smallest column any member must compute, and every member's cached keys and
+    values before it, members' rows stacked in order. Members that could reuse more recompute a few
+    tokens (each row's reused tokens are a prefix of its own); pad columns stay zero, hidden by the
+    attention mask. (0, None) when nothing is reusable."""
+    c0 = min(c.end for c in cached)
+    ref = next((c.snap for c in cached if c.n and c0 > c.left), None)
+    if c0 <= 0 or ref is None:
+        return 0, None
+    rows = sum(c.rows for c in cached)
+    cache = new_cache(config, record=record)
+    for i, layer in enumerate(cache.layers):
+        k_ref, v_ref = ref.keys[i], ref.values[i]
+        keys = k_ref.new_zeros(rows, k_ref.shape[1], c0, k_ref.shape[3])
+        values = v_ref.new_zeros(rows, v_ref.shape[1], c0, v_ref.shape[3])
+        r = 0
+        for c in cached:
+            if c.snap is not None and c.n and c0 > c.left:
+                keys[r : r + c.rows, :, c.left : c0] = c.snap.keys[i][:, :, : c0 - c.left]
+                values[r : r + c.rows, :, c.left : c0] = c.snap.values[i][:, :, : c0 - c.left]
+            r += c.rows
+        layer.update(keys, values)
+    return c0, cache
+
+
 @dataclass
 class _Job:
     """One request's rows and decoding state inside a batch."""
@@ -74,6 +132,8 @@ class _Job:
     step: int = 0
     done: bool = False
     final: torch.Tensor | None = None
+    cached: _Cached | None = None
+    """Its document's prompt-cache lookup for the first pass (`BatchedMasked._reuse_groups`)."""
 
 
 class BatchedMasked:
@@ -189,7 +249,7 @@ class BatchedMasked:
                 live = [j for g in groups for j in g]
                 parts = []
                 for group in groups:
-                    past = self._reused(group, head, shift) if dual else (0, None)
+                    past = self._reused(group) if dual else (0, None)
                     parts.append(
                         self._full_pass(x, attn, pos, rows_of(group), lo, hi, length, keep, dual, past)
                     )
@@ -223,53 +283,22 @@ class BatchedMasked:
     """Rows whose reusable prompt ends within this many columns of the canvas share one first pass."""
 
     def _reuse_groups(self, live: list[_Job], head: int, shift: int, lo: int) -> list[list[_Job]]:
-        """The rows split in two for the first pass: those whose documents' cached prompts cover all but
-        a few columns before the canvas, and the rest (new documents, an edit far from the cursor, a
-        prompt window that moved). One pass from the smallest reusable column would make a single new
-        document cost every row its whole prompt."""
+        """The rows in two groups for the first pass (`_near_far`); each job's prompt-cache lookup is kept
+        on it for `_reused`."""
         eng = self.engine
         if not eng.use_prompt_cache:
             return [live]
-        near, far = [], []
         for j in live:
-            snap = eng.prompt_cache.get(j.request.doc_key)
-            n = min(common_prefix_len(snap.ids, j.ids), j.start - shift) if snap is not None else 0
-            (near if n and head - j.start + n >= lo - self.REUSE_SLACK else far).append(j)
-        return [g for g in (near, far) if g]
+            j.cached = _cached(eng, j.request.doc_key, j.ids, head - j.start, j.start - shift, j.rows)
+        return _near_far(live, [j.cached for j in live], self.REUSE_SLACK, lo)
 
-    def _reused(self, live: list[_Job], head: int, shift: int) -> tuple[int, object]:
+    def _reused(self, live: list[_Job]) -> tuple[int, object]:
         """(c0, cache): the first pass may start at column c0, the keys and values before it taken from
         each document's previous request (the engine's per-document prompt cache, as one request alone
-        reuses it). c0 is the smallest reusable column over the rows, so rows that could reuse more
-        recompute a few tokens: each row's reused tokens are a prefix of its own. Pad columns stay zero
-        (the attention mask hides them)."""
-        eng = self.engine
-        if not eng.use_prompt_cache:
+        reuses it)."""
+        if not self.engine.use_prompt_cache or any(j.cached is None for j in live):
             return 0, None
-        found = []
-        for j in live:
-            left = head - j.start
-            snap = eng.prompt_cache.get(j.request.doc_key)
-            n = min(common_prefix_len(snap.ids, j.ids), j.start - shift) if snap is not None else 0
-            found.append((snap, left, n))
-        c0 = min(left + n for _, left, n in found)
-        ref = next((snap for snap, left, n in found if n and c0 > left), None)
-        if c0 <= 0 or ref is None:
-            return 0, None
-        rows = sum(j.rows for j in live)
-        cache = new_cache(eng.model.config, record=False)
-        for i, layer in enumerate(cache.layers):
-            k_ref, v_ref = ref.keys[i], ref.values[i]
-            keys = k_ref.new_zeros(rows, k_ref.shape[1], c0, k_ref.shape[3])
-            values = v_ref.new_zeros(rows, v_ref.shape[1], c0, v_ref.shape[3])
-            r = 0
-            for j, (snap, left, n) in zip(live, found, strict=True):
-                if snap is not None and n and c0 > left:
-                    keys[r : r + j.rows, :, left:c0] = snap.keys[i][:, :, : c0 - left]
-                    values[r : r + j.rows, :, left:c0] = snap.values[i][:, :, : c0 - left]
-                r += j.rows
-            layer.update(keys, values)
-        return c0, cache
+        return _stitched(self.engine.model.config, [j.cached for j in live], record=False)
 
     def _remember(self, live: list[_Job], head: int, ctx_full) -> None:
         """Each document's first-pass keys and values, for its next request (batched or alone)."""
@@ -483,31 +512,21 @@ class BatchedAR:
         return results
 
     def _prefill(self, x, attn, pos, prompts, requests, stats, cache_arg):
-        """(one cache for every row, last-position logits): each group of rows (`_prompt_groups`) starts at
-        the first column any of its rows cannot take from its document's cached prompt; causal attention
-        makes the reused keys and values exact."""
+        """(one cache for every row, last-position logits): each group of rows (`_near_far`) starts at the
+        first column any of its rows cannot take from its document's cached prompt; causal attention makes
+        the reused keys and values exact."""
         eng, model = self.engine, self.engine.model
         n, total = x.shape
         logits = None
         layers: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for rows, found in _prompt_groups(eng, prompts, requests):
-            lefts = [total - len(prompts[i]) for i in rows]
-            c0 = min(left + k for left, (_, k) in zip(lefts, found, strict=True))
-            cache = new_cache(model.config)
-            ref = next((snap for (snap, k), left in zip(found, lefts, strict=True) if k and c0 > left), None)
-            if c0 > 0 and ref is not None:
-                for li, layer in enumerate(cache.layers):
-                    keys = ref.keys[li].new_zeros(len(rows), ref.keys[li].shape[1], c0, ref.keys[li].shape[3])
-                    values = ref.values[li].new_zeros(
-                        len(rows), ref.values[li].shape[1], c0, ref.values[li].shape[3]
-                    )
-                    for r, ((snap, k), left) in enumerate(zip(found, lefts, strict=True)):
-                        if snap is not None and k and c0 > left:
-                            keys[r, :, left:c0] = snap.keys[li][0, :, : c0 - left]
-                            values[r, :, left:c0] = snap.values[li][0, :, : c0 - left]
-                    layer.update(keys, values)
-            else:
-                c0 = 0
+        lefts = [total - len(p) for p in prompts]
+        cached = [
+            _cached(eng, req.doc_key, ids, left, len(ids) - 1)
+            for ids, req, left in zip(prompts, requests, lefts, strict=True)
+        ]
+        for rows in _near_far(list(range(n)), cached, PREFILL_SLACK, total):
+            c0, cache = _stitched(model.config, [cached[i] for i in rows], record=True)
+            cache = cache if cache is not None else new_cache(model.config)
             idx = torch.tensor(rows, device=x.device)
             out = model(
                 input_ids=x[idx, c0:],
@@ -528,10 +547,10 @@ class BatchedAR:
             for (keys, values), la in zip(layers, cache.layers, strict=True):
                 keys[idx], values[idx] = la.keys, la.values
             for r, i in enumerate(rows):
-                stats[i].reused_prompt_tokens = max(0, c0 - lefts[r])
+                stats[i].reused_prompt_tokens = max(0, c0 - lefts[i])
                 doc = requests[i].doc_key
                 if eng.use_prompt_cache and doc is not None:
-                    cols = slice(lefts[r], total)
+                    cols = slice(lefts[i], total)
                     eng.prompt_cache.put(
                         doc,
                         KVSnapshot(
@@ -549,22 +568,6 @@ class BatchedAR:
 
 PREFILL_SLACK = 64
 """`BatchedAR`: rows with at most this many new prompt tokens share one prefill; the rest take another."""
-
-
-def _prompt_groups(
-    eng, prompts: list[list[int]], requests: Sequence[InfillRequest]
-) -> list[tuple[list[int], list]]:
-    """[(rows, [(snapshot, tokens to reuse) per row])], near and far, as `BatchedMasked` splits them:
-    one new document must not make every row prefill its whole prompt."""
-    near: tuple[list[int], list] = ([], [])
-    far: tuple[list[int], list] = ([], [])
-    for i, (ids, req) in enumerate(zip(prompts, requests, strict=True)):
-        snap = eng.prompt_cache.get(req.doc_key) if eng.use_prompt_cache else None
-        n = min(common_prefix_len(snap.ids, ids), len(ids) - 1) if snap is not None else 0
-        group = near if n and len(ids) - n <= PREFILL_SLACK else far
-        group[0].append(i)
-        group[1].append((snap, n))
-    return [g for g in (near, far) if g[0]]
 
 
 def batcher_for(engine):
