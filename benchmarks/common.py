@@ -174,7 +174,8 @@ def _first_model_dir(candidates: list[Path]) -> Path | None:
 
 
 def default_models(diffusion: str | None = None, ar: str | None = None) -> list[ModelSpec]:
-    """The embedded diffusion model and its AR twin: shipped copies first, then the training runs' best."""
+    """The embedded diffusion model and its AR twin: shipped copies first, then the training runs' best.
+    A model given by path is labelled with its path, so reports never call another model "embedded"."""
     found = []
     d = _first_model_dir(
         [Path(diffusion)]
@@ -185,14 +186,23 @@ def default_models(diffusion: str | None = None, ar: str | None = None) -> list[
         from dg_lsp.engine.loader import detect_backend
 
         found.append(
-            ModelSpec("diffusion (embedded)", d, detect_backend(json.loads((d / "config.json").read_text())))
+            ModelSpec(
+                f"diffusion ({_short(d)})" if diffusion else "diffusion (embedded)",
+                d,
+                detect_backend(json.loads((d / "config.json").read_text())),
+            )
         )
     a = _first_model_dir(
         [Path(ar)] if ar else [ROOT / "dg_lsp/models/ar_twin", ROOT / "runs/ar-gemma3-cpu/best"]
     )
     if a:
-        found.append(ModelSpec("AR twin", a, "ar"))
+        found.append(ModelSpec(f"AR ({_short(a)})" if ar else "AR twin", a, "ar"))
     return found
+
+
+def _short(path: Path) -> str:
+    """The last two parts of a model directory (`smollm2-block/best`): enough to tell runs apart."""
+    return "/".join(Path(path).resolve().parts[-2:])
 
 
 def tiny_models(tmp: Path) -> list[ModelSpec]:
