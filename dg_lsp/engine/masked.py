@@ -78,6 +78,14 @@ class MaskedSamplerConfig:
     sees the earlier blocks' tokens), its KV cached for every position but that block's, and each cached
     pass recomputes only the block. Off: the context KV is the canvas's surroundings and every cached
     pass recomputes the whole canvas."""
+    trim_tail: bool = True
+    """With the dual cache: after each full pass, later passes recompute the canvas only up to
+    `trim_margin` positions past the last one the model still means to write (not a stop and not yet a
+    committed stop), keeping the masks beyond it in the cached context. A natural stop often uses a fifth
+    of a 64-token canvas, and a canvas pass costs about its length. When the span outgrows the window,
+    the next pass is a full one and the window is drawn again."""
+    trim_margin: int = 8
+    """`trim_tail`: positions kept past the predicted end of the span."""
     stop_at_frontier: bool = True
     """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
     tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
@@ -262,6 +270,8 @@ class MaskedDiffusionEngine(LocalEngine):
         self.ms_per_step: float | None = None
         self.last_commits: list[int] = []
         """Positions committed per step in the last request (row 0), for tests and benchmarks."""
+        self.last_windows: list[int] = []
+        """Canvas positions each pass of the last request recomputed (fewer than the canvas when trimmed)."""
         self.last_lengths: list[int] = []
         """`dreamon` format: the canvas length before the first step and after each (row 0)."""
 
@@ -406,6 +416,18 @@ class MaskedDiffusionEngine(LocalEngine):
         logits = self.model(input_ids=x, **sliced).logits
         return (logits[:, :length] if sliced else logits[:, canvas_lo : canvas_lo + length]), None
 
+    def _context_outside(self, start: int, end: int) -> list:
+        """The last full pass's keys and values for every position but the canvas's first `end` (and, when
+        shifted, the token before it): the context of passes that recompute only those."""
+        lo = start - 1 if self.shift else start
+        return [
+            (
+                torch.cat([la.keys[:, :, :lo], la.keys[:, :, start + end :]], 2),
+                torch.cat([la.values[:, :, :lo], la.values[:, :, start + end :]], 2),
+            )
+            for la in self._last_full.layers
+        ]
+
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         if self.variable:
             return self._generate_variable(request, check, stats)
@@ -433,7 +455,7 @@ class MaskedDiffusionEngine(LocalEngine):
         masked = torch.ones(batch, length, dtype=torch.bool, device=self.device)
         logp_sum = torch.zeros(batch, device=self.device)
         logp_n = torch.zeros(batch, device=self.device)
-        self.last_commits = []
+        self.last_commits, self.last_windows = [], []
         # single-line spans: the caller cuts at the first newline, so masks after one are tail as well
         stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
         stop_tensor = torch.tensor(sorted(stops) or [-1], device=self.device)
@@ -441,6 +463,8 @@ class MaskedDiffusionEngine(LocalEngine):
         if not request.blank_start and self.blank_start_ids():
             blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
         ctx = None
+        trim = cfg.trim_tail and self.dual_on() and not block and self.layout != "block"
+        tail_end: int | None = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
@@ -457,10 +481,14 @@ class MaskedDiffusionEngine(LocalEngine):
                     refresh = refresh or (step > 0 and current != last_block)
                     if self.layout != "block":  # a block model's canvas is one bidirectional chunk
                         window = (current * block, min(length, (current + 1) * block))
+                if window is None and tail_end is not None and ctx is not None and not refresh:
+                    window = (0, tail_end)
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
                     x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window
                 )
+                full_pass = self._last_full is not None
+                self.last_windows.append(length if full_pass or window is None else window[1] - window[0])
                 if step == 0 and self._last_full is not None:
                     stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
                     if reuse and request.doc_key is not None:
@@ -482,6 +510,8 @@ class MaskedDiffusionEngine(LocalEngine):
                 active = masked
                 if cfg.stop_at_frontier:
                     active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
+                if window is not None and not block:  # a trimmed pass: no logits past the window
+                    active = active & (torch.arange(length, device=masked.device) < window[1])
                 steps_left, step_in, steps_of = steps - step, step, steps
                 if block:
                     window = sampler.block_window(masked, block)
@@ -514,6 +544,13 @@ class MaskedDiffusionEngine(LocalEngine):
                 self.last_commits.append(int(commit[0].sum()))
                 fill_after_stop(canvas, masked, stops, self.fill_id)
                 x[:, span] = canvas
+                if trim and full_pass:  # every position's prediction is fresh: draw the window
+                    end = sampler.live_end(canvas, masked, pred, stop_tensor) + cfg.trim_margin
+                    tail_end = end if end <= length - cfg.trim_margin else None
+                    if tail_end is not None:
+                        ctx = self._context_outside(start, tail_end)
+                elif tail_end is not None and bool((masked.any(-1) & ~masked[:, :tail_end].any(-1)).any()):
+                    tail_end, ctx = None, None  # outgrew the window: a full pass, then a new window
                 step_ms = (time.perf_counter() - t0) * 1000
                 self.ms_per_step = (
                     step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms

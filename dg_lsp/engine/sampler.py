@@ -164,6 +164,17 @@ def frontier(masked: torch.Tensor) -> torch.Tensor:
     return masked & (before == 1)
 
 
+def live_end(canvas: torch.Tensor, masked: torch.Tensor, pred: torch.Tensor, stops: torch.Tensor) -> int:
+    """One past the last canvas position, over the rows, that the span still uses: a committed token that
+    is not a stop, or a mask whose prediction is not a stop. Everything after it is the span's EOS tail as
+    the model now sees it. 0 when nothing is."""
+    committed = ~masked & ~torch.isin(canvas, stops)
+    wanted = masked & ~torch.isin(pred, stops)
+    live = committed | wanted
+    pos = torch.arange(1, live.shape[-1] + 1, device=live.device)
+    return int(torch.where(live, pos, 0).max())
+
+
 def blocks_left(masked: torch.Tensor, block: int) -> int:
     """Blocks that still hold a masked position, in the row that has most."""
     length = masked.shape[-1]

@@ -447,3 +447,80 @@ def test_dream_schedule_commits_int_n_times_one_minus_s_over_t(masked_engine):
         expected.append(n)
         left -= n
     assert masked_engine.last_commits == expected == [3, 4, 4, 5]
+
+
+def staged_line_model(engine, request, length, word, words_by_pass):
+    """A model that writes `words_by_pass[i]` words then EOS (sure) on its i-th pass (the last entry
+    from then on), whatever part of the sequence a pass runs: each logits column is mapped back to the
+    canvas position it predicts from the pass's position ids and `logits_to_keep`."""
+    _ids, start = engine.canvas(request, length)
+    eos = engine.tokenizer.eos_token_id
+    calls = [0]
+
+    def hook(_module, _args, kwargs, out):
+        n = kwargs["input_ids"].shape[1]
+        pos = kwargs.get("position_ids")
+        pos = pos[0] if pos is not None else torch.arange(n)
+        keep = kwargs.get("logits_to_keep")
+        if isinstance(keep, int) and keep > 0:
+            pos = pos[-keep:]
+        elif isinstance(keep, torch.Tensor):
+            pos = pos[keep]
+        words = words_by_pass[min(calls[0], len(words_by_pass) - 1)]
+        calls[0] += 1
+        for j, c in enumerate((pos + int(engine.shift) - start).tolist()):
+            if 0 <= c < length:
+                out.logits[:, j] = -10.0
+                out.logits[:, j, word if c < words else eos] = 1.0 if c < words else 10.0
+        return out
+
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+def trimmed_infill(tiny_bidirectional_dir, words_by_pass, **sampler):
+    engine = MaskedDiffusionEngine(
+        tiny_bidirectional_dir, use_continuation_cache=False, sampler=MaskedSamplerConfig(**sampler)
+    )
+    engine.use_prompt_cache = False
+    word = engine.tokenizer.encode("return", add_special_tokens=False)[0]
+    request = InfillRequest(PREFIX, SUFFIX, max_tokens=48, steps=12)
+    handle = staged_line_model(engine, request, 64, word, words_by_pass)
+    try:
+        return engine, word, engine.infill(request)
+    finally:
+        handle.remove()
+
+
+@pytest.mark.parametrize("shift", [False, True], ids=["llada", "dream"])
+def test_trimmed_passes_recompute_only_the_live_part_of_a_natural_stop(tiny_bidirectional_dir, shift):
+    """A 4-token line in a 64-token canvas: after the full first pass every pass recomputes 4 + 8 canvas
+    positions instead of 64, and writes what the untrimmed sampler writes."""
+    opts = {"threshold": None, "logits_shift": shift}
+    engine, word, plain = trimmed_infill(tiny_bidirectional_dir, [4], **opts, trim_tail=False)
+    assert plain.candidates[0].token_ids == [word] * 4 and set(engine.last_windows) == {64}
+    engine, word, trimmed = trimmed_infill(tiny_bidirectional_dir, [4], **opts)  # the default
+    assert trimmed.candidates[0].token_ids == [word] * 4
+    assert engine.last_windows == [64] + [12] * (trimmed.stats.forward_passes - 1)
+    assert trimmed.stats.forward_passes == plain.stats.forward_passes
+
+
+def test_a_span_that_outgrows_its_window_gets_a_full_pass_and_a_new_window(tiny_bidirectional_dir):
+    """First the model means 2 tokens (window 2 + 2), then 20: once the window is used up with no stop in
+    it, the next pass is a full one, and the span is written whole, never cut at the old window."""
+    engine, word, result = trimmed_infill(tiny_bidirectional_dir, [2, 20], threshold=None, trim_margin=2)
+    assert result.candidates[0].token_ids == [word] * 20
+    windows = engine.last_windows
+    assert windows[0] == 64 and windows[1] == 4 and windows.count(64) >= 2
+    refreshed = windows.index(64, 1)
+    assert all(w == 22 for w in windows[refreshed + 1 :])
+
+
+def test_live_end_is_one_past_the_last_position_the_span_still_uses():
+    stops = torch.tensor([1, 9])
+    canvas = torch.tensor([[5, 6, 0, 0, 0, 0], [5, 1, 1, 1, 1, 1]])
+    masked = torch.tensor([[False, False, True, True, True, True], [False] * 6])
+    pred = torch.tensor([[0, 0, 7, 1, 7, 9], [0] * 6])
+    # row 0: a mask at 4 still predicts a word; row 1 stopped after one token
+    assert sampler.live_end(canvas, masked, pred, stops) == 5
+    assert sampler.live_end(canvas[1:], masked[1:], pred[1:], stops) == 1
+    assert sampler.live_end(canvas[1:] * 0 + 1, masked[1:], pred[1:], stops) == 0
