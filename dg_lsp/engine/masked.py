@@ -14,6 +14,10 @@ full pass exactly; as the canvas fills in it is an approximation (the context KV
 Per document, that first pass's KV is kept too: the next request (the user typed on) reuses the KV of
 the common token prefix and computes only the rest. Bidirectional attention makes this approximate as
 well (the kept prefix KV saw the old tail); `use_prompt_cache=False` turns it off.
+
+Tail trimming (`trim_tail`): after a full pass, later passes recompute only the canvas up to a little past
+where the model means the span to end; the masks beyond stay in the cached context. A natural stop often
+uses a fifth of its canvas, and a canvas pass costs about the positions it recomputes.
 """
 
 from __future__ import annotations
@@ -545,12 +549,11 @@ class MaskedDiffusionEngine(LocalEngine):
                 fill_after_stop(canvas, masked, stops, self.fill_id)
                 x[:, span] = canvas
                 if trim and full_pass:  # every position's prediction is fresh: draw the window
-                    end = sampler.live_end(canvas, masked, pred, stop_tensor) + cfg.trim_margin
-                    tail_end = end if end <= length - cfg.trim_margin else None
+                    tail_end = sampler.tail_window(canvas, masked, pred, stop_tensor, cfg.trim_margin)
                     if tail_end is not None:
                         ctx = self._context_outside(start, tail_end)
-                elif tail_end is not None and bool((masked.any(-1) & ~masked[:, :tail_end].any(-1)).any()):
-                    tail_end, ctx = None, None  # outgrew the window: a full pass, then a new window
+                elif tail_end is not None and sampler.outgrown(masked, tail_end):
+                    tail_end, ctx = None, None  # a full pass next, then a new window
                 step_ms = (time.perf_counter() - t0) * 1000
                 self.ms_per_step = (
                     step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms

@@ -175,6 +175,22 @@ def live_end(canvas: torch.Tensor, masked: torch.Tensor, pred: torch.Tensor, sto
     return int(torch.where(live, pos, 0).max())
 
 
+def tail_window(
+    canvas: torch.Tensor, masked: torch.Tensor, pred: torch.Tensor, stops: torch.Tensor, margin: int
+) -> int | None:
+    """How many leading canvas positions later passes need to recompute: `margin` past `live_end`, or
+    None when that saves less than `margin` positions (recompute the whole canvas)."""
+    length = masked.shape[-1]
+    end = live_end(canvas, masked, pred, stops) + margin
+    return end if end <= length - margin else None
+
+
+def outgrown(masked: torch.Tensor, end: int) -> bool:
+    """A row still has masks but none among its first `end` positions: the span has used its window up
+    without stopping, and the masks past it need a pass that sees them."""
+    return bool((masked.any(dim=-1) & ~masked[:, :end].any(dim=-1)).any())
+
+
 def blocks_left(masked: torch.Tensor, block: int) -> int:
     """Blocks that still hold a masked position, in the row that has most."""
     length = masked.shape[-1]

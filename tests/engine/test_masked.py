@@ -524,3 +524,10 @@ def test_live_end_is_one_past_the_last_position_the_span_still_uses():
     assert sampler.live_end(canvas, masked, pred, stops) == 5
     assert sampler.live_end(canvas[1:], masked[1:], pred[1:], stops) == 1
     assert sampler.live_end(canvas[1:] * 0 + 1, masked[1:], pred[1:], stops) == 0
+    # the window: margin past the live end, or None when it would save less than the margin
+    assert sampler.tail_window(canvas, masked, pred, stops, margin=0) == 5
+    assert sampler.tail_window(canvas, masked, pred, stops, margin=1) is None
+    assert sampler.tail_window(canvas[1:], masked[1:], pred[1:], stops, margin=2) == 3
+    # outgrown: a row whose masks all lie past the window
+    assert sampler.outgrown(masked, 2) and not sampler.outgrown(masked, 3)
+    assert not sampler.outgrown(masked[1:], 1)  # no masks left: nothing to grow into
