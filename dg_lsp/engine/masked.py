@@ -467,7 +467,7 @@ class MaskedDiffusionEngine(LocalEngine):
         if not request.blank_start and self.blank_start_ids():
             blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
         ctx = None
-        trim = cfg.trim_tail and self.dual_on() and not block and self.layout != "block"
+        trim = cfg.trim_tail and self.dual_on() and not block
         tail_end: int | None = None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and self.dual_on()

@@ -159,6 +159,30 @@ def test_block_engine_canvas_passes_against_cached_prompt_keys_are_exact(tiny_ad
     assert torch.allclose(full, plain, atol=1e-4) and torch.allclose(cached, plain, atol=1e-4)
 
 
+def test_a_trimmed_block_pass_sees_the_tail_masks_in_its_context_and_is_exact(tiny_adapted):
+    """Tail trimming on the block layout: after a full pass, a pass over the canvas's first 6 positions,
+    the other 10 masks taken from the context, reproduces the full pass there while nothing changed."""
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    engine = MaskedDiffusionEngine(tiny_adapted["block"] / "last", use_continuation_cache=False)
+    engine.model.float()
+    ids, start = engine.canvas(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n"), 16)
+    x = torch.tensor([ids])
+    seen: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    with torch.no_grad():
+        full, _ = engine._canvas_logits(x, start, 16, None, False)
+        ctx = engine._context_outside(start, 6)
+        trimmed, _ = engine._canvas_logits(x, start, 16, ctx, False, window=(0, 6))
+    assert seen == [len(ids), 6 + 1]  # the block token before the canvas predicts its first position
+    assert ctx[0][0].shape[2] == len(ids) - 7
+    torch.testing.assert_close(trimmed[:, :6], full[:, :6], rtol=1e-4, atol=1e-4)
+    assert not trimmed[:, 6:].any()
+
+
 @pytest.mark.parametrize("kind", ["block", "ar"])
 def test_engines_complete_the_same_with_the_lean_forward(tiny_adapted, kind):
     """The packed models run `lean_llama.LeanLlama`; a cold request, the next keystroke (prompt KV reused)
