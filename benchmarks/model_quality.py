@@ -321,6 +321,14 @@ def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str,
     return (done.texts[0] if done.texts else ""), done.stats.forward_passes, done.stats.generated_tokens
 
 
+def _option_value(raw: str):
+    """A `--masked` value: JSON (`8`, `true`, `["factor"]`), or else the bare string (`leftmost`)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw
+
+
 def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> tuple[Summary, list[Outcome]]:
     from rapidfuzz.distance import Levenshtein
 
@@ -581,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         "through": args.through,
         "candidates": args.candidates,
         "dtype": args.dtype,
-        "masked": {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.masked)},
+        "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
