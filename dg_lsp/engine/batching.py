@@ -26,7 +26,7 @@ from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -77,9 +77,12 @@ def _near_far(members: list, cached: Sequence[_Cached], slack: int, upto: int) -
     columns of column `upto`, and the rest (new documents, an edit far from the cursor, a moved prompt
     window). One pass from the smallest reusable column would make a single new document cost every row
     its whole prompt."""
-    near = [m for m, c in zip(members, cached, strict=True) if c.n and c.end >= upto - slack]
-    far = [m for m, c in zip(members, cached, strict=True) if not (c.n and c.end >= upto - slack)]
-    return [g for g in (near, far) if g]
+    near = [bool(c.n and c.end >= upto - slack) for c in cached]
+    groups = (
+        [m for m, ok in zip(members, near, strict=True) if ok],
+        [m for m, ok in zip(members, near, strict=True) if not ok],
+    )
+    return [g for g in groups if g]
 
 
 def _stitched(config, cached: Sequence[_Cached], record: bool) -> tuple[int, object]:
@@ -284,10 +287,8 @@ class BatchedMasked:
 
     def _reuse_groups(self, live: list[_Job], head: int, shift: int, lo: int) -> list[list[_Job]]:
         """The rows in two groups for the first pass (`_near_far`); each job's prompt-cache lookup is kept
-        on it for `_reused`."""
+        on it for `_reused` (with the prompt cache off it finds nothing: one group, nothing reused)."""
         eng = self.engine
-        if not eng.use_prompt_cache:
-            return [live]
         for j in live:
             j.cached = _cached(eng, j.request.doc_key, j.ids, head - j.start, j.start - shift, j.rows)
         return _near_far(live, [j.cached for j in live], self.REUSE_SLACK, lo)
@@ -296,9 +297,9 @@ class BatchedMasked:
         """(c0, cache): the first pass may start at column c0, the keys and values before it taken from
         each document's previous request (the engine's per-document prompt cache, as one request alone
         reuses it)."""
-        if not self.engine.use_prompt_cache or any(j.cached is None for j in live):
-            return 0, None
-        return _stitched(self.engine.model.config, [j.cached for j in live], record=False)
+        cached = [j.cached for j in live]
+        assert all(c is not None for c in cached), "_reuse_groups looks every row up first"
+        return _stitched(self.engine.model.config, cached, record=False)
 
     def _remember(self, live: list[_Job], head: int, ctx_full) -> None:
         """Each document's first-pass keys and values, for its next request (batched or alone)."""
@@ -340,14 +341,7 @@ class BatchedMasked:
         if cache is None:
             return logits, None
         self._last_full = cache
-        ctx = [
-            (
-                torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
-                torch.cat([la.values[:, :, :lo], la.values[:, :, hi:]], 2),
-            )
-            for la in cache.layers
-        ]
-        return logits, ctx
+        return logits, context_outside(cache, lo, hi)
 
     def _canvas_pass(self, x, attn, pos, idx, lo: int, hi: int, ctx, rows):
         """Fast-dLLM's dual cache, batched: only the canvas columns are recomputed, against the context

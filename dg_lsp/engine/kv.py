@@ -55,6 +55,18 @@ def snapshot(cache, ids: list[int]) -> KVSnapshot:
     )
 
 
+def context_outside(cache, lo: int, hi: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the keys and values of every position but lo..hi-1: the dual cache's context for passes
+    that recompute only those positions."""
+    return [
+        (
+            torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
+            torch.cat([la.values[:, :, :lo], la.values[:, :, hi:]], 2),
+        )
+        for la in cache.layers
+    ]
+
+
 def cache_kwarg(forward) -> str | None:
     """The name under which `forward` takes a KV cache: transformers renamed `past_key_values` to
     `cache` in 5.24 (keeping a deprecated alias); None when the model takes no cache at all."""

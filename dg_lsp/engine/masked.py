@@ -36,7 +36,7 @@ from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import infill_format, layouts, lean, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache, restore
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
 
@@ -404,14 +404,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 if sliced:
                     first = 0
                 self._last_full = cache
-                ctx = [
-                    (
-                        torch.cat([la.keys[:, :, :lo], la.keys[:, :, hi:]], 2),
-                        torch.cat([la.values[:, :, :lo], la.values[:, :, hi:]], 2),
-                    )
-                    for la in cache.layers
-                ]
-                return logits[:, first : first + length], ctx
+                return logits[:, first : first + length], context_outside(cache, lo, hi)
             except Exception as exc:  # remote code with its own cache format: fall back for good
                 log.warning("masked: dual cache unsupported by this model (%s); using full passes", exc)
                 self.supports_kv = False
@@ -419,18 +412,6 @@ class MaskedDiffusionEngine(LocalEngine):
         sliced = self._keep(canvas_lo, length, x.shape[1])
         logits = self.model(input_ids=x, **sliced).logits
         return (logits[:, :length] if sliced else logits[:, canvas_lo : canvas_lo + length]), None
-
-    def _context_outside(self, start: int, end: int) -> list:
-        """The last full pass's keys and values for every position but the canvas's first `end` (and, when
-        shifted, the token before it): the context of passes that recompute only those."""
-        lo = start - 1 if self.shift else start
-        return [
-            (
-                torch.cat([la.keys[:, :, :lo], la.keys[:, :, start + end :]], 2),
-                torch.cat([la.values[:, :, :lo], la.values[:, :, start + end :]], 2),
-            )
-            for la in self._last_full.layers
-        ]
 
     def _generate(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         if self.variable:
@@ -493,7 +474,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 )
                 full_pass = self._last_full is not None
                 self.last_windows.append(length if full_pass or window is None else window[1] - window[0])
-                if step == 0 and self._last_full is not None:
+                if step == 0 and full_pass:
                     stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
                     if reuse and request.doc_key is not None:
                         self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
@@ -550,8 +531,8 @@ class MaskedDiffusionEngine(LocalEngine):
                 x[:, span] = canvas
                 if trim and full_pass:  # every position's prediction is fresh: draw the window
                     tail_end = sampler.tail_window(canvas, masked, pred, stop_tensor, cfg.trim_margin)
-                    if tail_end is not None:
-                        ctx = self._context_outside(start, tail_end)
+                    if tail_end is not None:  # the context: everything but the window's positions
+                        ctx = context_outside(self._last_full, start - int(self.shift), start + tail_end)
                 elif tail_end is not None and sampler.outgrown(masked, tail_end):
                     tail_end, ctx = None, None  # a full pass next, then a new window
                 step_ms = (time.perf_counter() - t0) * 1000

@@ -162,6 +162,7 @@ def test_block_engine_canvas_passes_against_cached_prompt_keys_are_exact(tiny_ad
 def test_a_trimmed_block_pass_sees_the_tail_masks_in_its_context_and_is_exact(tiny_adapted):
     """Tail trimming on the block layout: after a full pass, a pass over the canvas's first 6 positions,
     the other 10 masks taken from the context, reproduces the full pass there while nothing changed."""
+    from dg_lsp.engine.kv import context_outside
     from dg_lsp.engine.masked import MaskedDiffusionEngine
     from dg_lsp.engine.types import InfillRequest
 
@@ -175,7 +176,7 @@ def test_a_trimmed_block_pass_sees_the_tail_masks_in_its_context_and_is_exact(ti
     )
     with torch.no_grad():
         full, _ = engine._canvas_logits(x, start, 16, None, False)
-        ctx = engine._context_outside(start, 6)
+        ctx = context_outside(engine._last_full, start - 1, start + 6)
         trimmed, _ = engine._canvas_logits(x, start, 16, ctx, False, window=(0, 6))
     assert seen == [len(ids), 6 + 1]  # the block token before the canvas predicts its first position
     assert ctx[0][0].shape[2] == len(ids) - 7
