@@ -37,7 +37,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dg_lsp.engine.sampler import entropy
 from dg_lsp.models import tokens
+from dg_lsp.training.batches import _pad
 
 
 @dataclass(frozen=True)
@@ -174,13 +176,11 @@ def distill_batch(traces: list[Trace], rng: random.Random) -> DistillBatch:
         rows.append(ids)
         targets.append(list(tr.ids))
         scored.append(score)
-    width = max(len(r) for r in rows)
-    pad = lambda rs, v: torch.tensor([r + [v] * (width - len(r)) for r in rs])  # noqa: E731
     return DistillBatch(
-        pad(rows, tokens.PAD_ID),
-        pad(targets, tokens.PAD_ID),
-        pad([[1] * len(r) for r in rows], 0),
-        pad(scored, False).bool(),
+        _pad(rows, tokens.PAD_ID),
+        _pad(targets, tokens.PAD_ID),
+        _pad([[1] * len(r) for r in rows], 0),
+        _pad(scored, False).bool(),
     )
 
 
@@ -193,9 +193,8 @@ def certainty_loss(model, batch: DistillBatch, certainty: float) -> tuple[torch.
     sel = logits[scored]
     tgt = targets[scored]
     ce = F.cross_entropy(sel, tgt)
-    logp = torch.log_softmax(sel, dim=-1)
     right = sel.argmax(dim=-1) == tgt
-    ent = -(logp.exp() * logp).sum(dim=-1)
+    ent = entropy(sel)
     ent_right = ent[right].mean() if right.any() else ent.sum() * 0
     return ce + certainty * ent_right, ce.item(), ent_right.item()
 
