@@ -6,12 +6,14 @@ by shape bucket (canvas length, then padded sequence length), their canvases ali
 canvas starts at the same column (prefixes left-padded, suffixes right-padded, pads excluded by the
 attention mask, positions counted per row), and one forward per step serves every row still running.
 
-The per-request step is the masked engine's (`MaskedDiffusionEngine._generate` without the dual cache
-and the block schedule): the same quota, commit rules, frontier rule and stop fill, applied to that
-request's rows of the batched logits. With greedy decoding a batched request therefore decodes what the
-unbatched engine decodes with `dual_cache=False` (tests/engine/test_batching.py), up to float rounding of
-the padded pass. The autoregressive twin is batched the same way (left padding, one KV cache) so the
-two can be compared when served alike.
+The per-request step is the masked engine's (`MaskedDiffusionEngine._generate` without the block
+schedule): the same quota, commit rules, frontier rule, stop fill and tail trimming, applied to that
+request's rows of the batched logits. With the dual cache each row keeps the keys and values of its
+last full pass, and each canvas pass recomputes every row's own window: a row attends to its fresh
+columns inside the window and to its stale cached columns outside it, as it would alone. With greedy
+decoding a batched request therefore decodes what the unbatched engine decodes
+(tests/engine/test_batching.py), up to float rounding of the padded pass. The autoregressive twin is
+batched the same way (left padding, one KV cache) so the two can be compared when served alike.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
-from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache
+from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -137,6 +139,12 @@ class _Job:
     final: torch.Tensor | None = None
     cached: _Cached | None = None
     """Its document's prompt-cache lookup for the first pass (`BatchedMasked._reuse_groups`)."""
+    tail_end: int | None = None
+    """Tail trimming: canvas positions its canvas passes recompute (None: all of them)."""
+    refresh: bool = False
+    """Its span outgrew its window: the next pass is a full one, as alone."""
+    windows: list[int] = field(default_factory=list)
+    """Canvas positions each of its passes recomputed (the engine's `last_windows`)."""
 
 
 class BatchedMasked:
@@ -148,6 +156,8 @@ class BatchedMasked:
         """Batched forward passes run so far (tests and the benchmark read it)."""
         self.rows_cancelled = 0
         self._last_full = None
+        self.last_windows: dict[int, list[int]] = {}
+        """Per request index of the last `run`, the canvas positions each of its passes recomputed."""
 
     def run(
         self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
@@ -155,6 +165,7 @@ class BatchedMasked:
         """One outcome per request, in order: its result, or `Cancelled` if its `should_cancel` fired."""
         cancels = list(cancels) if cancels is not None else [None] * len(requests)
         out: list[Outcome] = [Cancelled()] * len(requests)
+        self.last_windows = {}
         lengths = [min(r.max_tokens, self.engine.cfg.buckets[-1]) for r in requests]
         for length, members in shape_buckets(lengths, self.engine.cfg.buckets).items():
             jobs = [self._job(i, k, requests[i], cancels[i], length) for k, i in enumerate(members)]
@@ -162,6 +173,7 @@ class BatchedMasked:
                 self._decode(jobs, length)
             for job in jobs:
                 out[job.index] = self._finish(job, length)
+                self.last_windows[job.index] = job.windows
         return out
 
     def _job(
@@ -226,6 +238,9 @@ class BatchedMasked:
         rules = commit_rules.build(eng.rule_specs())
         hi = head + length
         dual = eng.cfg.dual_cache and eng.supports_kv
+        trim = dual and eng.cfg.trim_tail
+        # per layer, every row's keys and values of its last full pass (all columns: a canvas pass masks
+        # out the ones it recomputes), rows in `ctx_row` order
         ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         ctx_row = torch.full((n_rows,), -1, dtype=torch.long, device=eng.device)
 
@@ -261,22 +276,55 @@ class BatchedMasked:
                     for j in group:
                         j.stats.reused_prompt_tokens = max(0, past[0] - (head - j.start))
                 logits = torch.cat([lg for lg, _ in parts])
-                idx = rows_of(live)
+                full = live
+                self.forwards += 1
                 if dual:
+                    idx = rows_of(live)
                     ctx = [
                         (torch.cat([c[i][0] for _, c in parts]), torch.cat([c[i][1] for _, c in parts]))
                         for i in range(len(parts[0][1]))
                     ]
                     ctx_row[idx] = torch.arange(len(idx), device=eng.device)
             else:
-                idx = rows_of(live)
-                logits = self._canvas_pass(x, attn, pos, idx, lo, hi, ctx, ctx_row[idx])[:, :length]
-            self.forwards += 1
+                # rows whose span outgrew its window take a full pass (a second forward this step), as
+                # each would alone; the others recompute their windows against their cached context
+                full = [j for j in live if j.refresh]
+                rest = [j for j in live if not j.refresh]
+                live = full + rest
+                parts = []
+                if full:
+                    idx = rows_of(full)
+                    lg, fresh = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual)
+                    for (k, v), (fk, fv) in zip(ctx, fresh, strict=True):
+                        k[ctx_row[idx]], v[ctx_row[idx]] = fk, fv
+                    parts.append(lg)
+                    self.forwards += 1
+                if rest:
+                    ends = [length if j.tail_end is None else j.tail_end for j in rest]
+                    widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
+                    idx = rows_of(rest)
+                    lg = self._canvas_pass(x, attn, pos, idx, lo, head, widths, ctx, ctx_row[idx])
+                    # a trimmed row reads no logits past its window: zeros, as the engine alone gives
+                    out = lg.new_zeros(lg.shape[0], length, lg.shape[-1])
+                    keep_cols = torch.arange(lg.shape[1], device=lg.device)[None, :] < widths[:, None]
+                    out[:, : lg.shape[1]] = torch.where(keep_cols[..., None], lg, 0.0)
+                    parts.append(out)
+                logits = torch.cat(parts)
+                self.forwards += 1 if rest else 0
             r = 0
             for j in live:
                 rows = row_of[j.index_in]
                 canvas = x[rows, span]
-                self._step(j, logits[r : r + j.rows].float(), canvas, rules)
+                passed_full = any(j is f for f in full)
+                window = None if passed_full or j.tail_end is None else j.tail_end
+                j.windows.append(length if window is None else window)
+                pred = self._step(j, logits[r : r + j.rows].float(), canvas, rules, window)
+                if trim and passed_full:  # every position's prediction is fresh: draw the window
+                    margin = eng.cfg.trim_margin
+                    j.tail_end = sampler.tail_window(canvas, j.masked, pred, j.stop_tensor, margin)
+                    j.refresh = False
+                elif j.tail_end is not None and sampler.outgrown(j.masked, j.tail_end):
+                    j.tail_end, j.refresh = None, True
                 x[rows, span] = canvas
                 r += j.rows
             step_ms = (time.perf_counter() - t0) * 1000
@@ -323,8 +371,7 @@ class BatchedMasked:
         self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool, past=(0, None)
     ):
         """Canvas logits from a pass over every column (from column c0 when `past` = (c0, cache) holds
-        the keys and values before it); with the dual cache on, also the context's keys and values
-        (every column but the canvas and, when shifted, the token before it)."""
+        the keys and values before it); with the dual cache on, also every column's keys and values."""
         model = self.engine.model
         c0, cache = past
         kw: dict = dict(keep)
@@ -341,24 +388,34 @@ class BatchedMasked:
         if cache is None:
             return logits, None
         self._last_full = cache
-        return logits, context_outside(cache, lo, hi)
+        return logits, [(la.keys, la.values) for la in cache.layers]
 
-    def _canvas_pass(self, x, attn, pos, idx, lo: int, hi: int, ctx, rows):
-        """Fast-dLLM's dual cache, batched: only the canvas columns are recomputed, against the context
-        keys/values of the first pass (the same approximation as the unbatched engine's)."""
+    def _canvas_pass(self, x, attn, pos, idx, lo: int, head: int, widths: torch.Tensor, ctx, rows):
+        """Fast-dLLM's dual cache, batched, with each row's tail trimmed: the columns from `lo` up to the
+        widest row's window are recomputed; a row attends to its fresh columns inside its own window
+        (`widths`, canvas positions) and to its cached columns everywhere else (its prompt and the stale
+        tail past its window), which is what its own trimmed pass alone sees. Logits for lo.. on."""
         model = self.engine.model
         cache = new_cache(model.config, record=False)
         for layer, (k, v) in zip(cache.layers, ctx, strict=True):
             layer.update(k[rows], v[rows])
-        mask = torch.cat([attn[idx, :lo], attn[idx, hi:], attn[idx, lo:hi]], dim=1)
+        hi = head + int(widths.max())
+        ends = (head + widths.to(attn.device))[:, None]
+        cols = torch.arange(attn.shape[1], device=attn.device)[None, :]
+        stale = attn[idx] * ~((cols >= lo) & (cols < ends))
+        fresh = attn[idx, lo:hi] * (cols[:, lo:hi] < ends)
+        mask = torch.cat([stale, fresh], dim=1)
         kw = {cache_kwarg(model.forward) or "past_key_values": cache}
         out = model(
             input_ids=x[idx, lo:hi], attention_mask=mask, position_ids=pos[idx, lo:hi], use_cache=True, **kw
         )
-        return out.logits
+        return out.logits[:, : hi - head]
 
-    def _step(self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules) -> None:
-        """One denoising step of one request: `MaskedDiffusionEngine._generate`'s loop body."""
+    def _step(
+        self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules, window: int | None = None
+    ) -> torch.Tensor:
+        """One denoising step of one request (`MaskedDiffusionEngine._generate`'s loop body); `window`:
+        the pass recomputed only that many leading canvas positions. Returns the step's predictions."""
         cfg = self.engine.cfg
         if cfg.min_tokens > 0:
             logits[:, : cfg.min_tokens, j.stop_tensor[j.stop_tensor >= 0]] = -1e9
@@ -376,6 +433,8 @@ class BatchedMasked:
         active = masked
         if cfg.stop_at_frontier:
             active = masked & (sampler.frontier(masked) | ~torch.isin(pred, j.stop_tensor))
+        if window is not None:  # a trimmed pass: no logits past the window
+            active = active & (torch.arange(masked.shape[-1], device=masked.device) < window)
         pool = masked if cfg.stops_in_quota else active
         n_pool = int(pool.sum(dim=-1).max())
         if cfg.schedule == "dream":
@@ -397,6 +456,7 @@ class BatchedMasked:
             j.stats.early_exit = j.step < j.steps
             j.done = True
             j.final = canvas.clone()
+        return pred
 
     def _finish(self, j: _Job, length: int) -> Outcome:
         if j.stats is None:

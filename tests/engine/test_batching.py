@@ -79,6 +79,40 @@ def test_batched_masked_equals_unbatched(masked_engine):
         assert a.stats.generated_tokens == b.stats.generated_tokens
 
 
+TRIMMED = [  # canvases of 64 that natural stops leave mostly unused: tail trimming has work to do
+    InfillRequest("def add(a, b):\n    return ", "\n", max_tokens=48),
+    InfillRequest(REQUESTS[1].prefix, REQUESTS[1].suffix, max_tokens=48, single_line=True),
+    InfillRequest(REQUESTS[2].prefix, "\n", max_tokens=64, steps=16),
+    InfillRequest("x = ", "\n", max_tokens=48, num_candidates=3, seed=4),
+    InfillRequest("def mean(values):\n    total = sum(values)\n    ", "\n", max_tokens=64, steps=24),
+]
+
+
+@pytest.mark.parametrize("margin", [8, 1], ids=["default-margin", "margin-1"])
+def test_batched_rows_trim_their_tails_as_each_would_alone(fp32, margin):
+    """Each row of a batch recomputes only its own window, refreshes when its span outgrows it, and so
+    decodes what it decodes alone with tail trimming, pass for pass (margin 1 makes spans outgrow)."""
+    cfg = MaskedSamplerConfig(trim_margin=margin)
+    engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
+    engine.use_prompt_cache = False
+    assert engine.cfg.trim_tail and engine.dual_on()
+    alone = []
+    for r in TRIMMED:
+        alone.append((engine.infill(r), list(engine.last_windows)))
+    runner = BatchedMasked(engine)
+    together = runner.run(TRIMMED)
+    windows = [w for _, w in alone]
+    assert any(0 < w < 64 for ws in windows for w in ws), "nothing was trimmed: the test checks nothing"
+    if margin == 1:
+        assert any(64 in ws[1:] for ws in windows), "no span outgrew its window"
+    for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
+        assert runner.last_windows[i] == ws
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+        assert a.stats.forward_passes == b.stats.forward_passes
+    # one forward per step for all rows, plus one per step in which some row needs a full pass again
+    assert runner.forwards < sum(a.stats.forward_passes for a, _ in alone)
+
+
 def test_batched_requests_reuse_each_documents_prompt_kv(fp32):
     """The next keystroke in two documents, batched: each row starts from its document's cached prompt
     keys and values (from a batch or from a request alone) and decodes what the engine alone decodes
