@@ -29,6 +29,7 @@ from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
+from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -414,49 +415,32 @@ class BatchedMasked:
     def _step(
         self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules, window: int | None = None
     ) -> torch.Tensor:
-        """One denoising step of one request (`MaskedDiffusionEngine._generate`'s loop body); `window`:
-        the pass recomputed only that many leading canvas positions. Returns the step's predictions."""
-        cfg = self.engine.cfg
-        if cfg.min_tokens > 0:
-            logits[:, : cfg.min_tokens, j.stop_tensor[j.stop_tensor >= 0]] = -1e9
-        if j.blank_start is not None:
-            logits[:, 0, j.blank_start] = -1e9
+        """One denoising step of one request, the step the engine alone takes (`step.denoise_step`);
+        `window`: the pass recomputed only that many leading canvas positions. Returns the predictions."""
+        eng = self.engine
         j.stats.forward_passes += 1
-        logp = torch.log_softmax(logits, dim=-1)
-        scores = logp.clone() if j.rows > 1 else logp
-        if j.rows > 1:
-            u = torch.rand(scores.shape, generator=j.gen, device=scores.device).clamp_(1e-9, 1 - 1e-9)
-            scores[1:] = scores[1:] / cfg.temperature + (-torch.log(-torch.log(u)))[1:]
-        pred = scores.argmax(dim=-1)
-        conf = sampler.confidence(logits, cfg.confidence, logp=logp)
-        masked = j.masked
-        active = masked
-        if cfg.stop_at_frontier:
-            active = masked & (sampler.frontier(masked) | ~torch.isin(pred, j.stop_tensor))
-        if window is not None:  # a trimmed pass: no logits past the window
-            active = active & (torch.arange(masked.shape[-1], device=masked.device) < window)
-        pool = masked if cfg.stops_in_quota else active
-        n_pool = int(pool.sum(dim=-1).max())
-        if cfg.schedule == "dream":
-            need = sampler.dream_quota(n_pool, j.step, j.steps)
-        else:
-            need = sampler.quota(n_pool, j.steps - j.step)
-        at_quota = sampler.select_commits(conf, active, need, None, at_least_one=cfg.schedule != "dream")
-        commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
-        canvas[commit] = pred[commit]
-        picked = logp.gather(-1, pred[..., None]).squeeze(-1)
-        j.logp_sum += (picked * commit).sum(dim=-1)
-        j.logp_n += commit.sum(dim=-1)
-        masked &= ~commit
-        from dg_lsp.engine.masked import fill_after_stop
-
-        fill_after_stop(canvas, masked, j.stops, self.engine.fill_id)
+        done = denoise_step(
+            eng.cfg,
+            rules,
+            logits,
+            canvas,
+            j.masked,
+            j.stops,
+            j.stop_tensor,
+            eng.fill_id,
+            StepPlan(j.step, j.steps, j.steps - j.step),
+            gen=j.gen,
+            blank_start=j.blank_start,
+            window_end=window,
+        )
+        j.logp_sum += done.logp_gain
+        j.logp_n += done.commit.sum(dim=-1)
         j.step += 1
-        if not masked.any() or j.step >= j.steps:
+        if not j.masked.any() or j.step >= j.steps:
             j.stats.early_exit = j.step < j.steps
             j.done = True
             j.final = canvas.clone()
-        return pred
+        return done.pred
 
     def _finish(self, j: _Job, length: int) -> Outcome:
         if j.stats is None:

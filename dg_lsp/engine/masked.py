@@ -37,6 +37,7 @@ from dg_lsp.engine import infill_format, layouts, lean, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
+from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
 
@@ -478,56 +479,35 @@ class MaskedDiffusionEngine(LocalEngine):
                     stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
                     if reuse and request.doc_key is not None:
                         self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
-                logits = logits.float()
-                if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
-                    logits[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
-                if blank_start is not None:
-                    logits[:, 0, blank_start] = -1e9
                 stats.forward_passes += 1
-                logp = torch.log_softmax(logits, dim=-1)
-                scores = logp.clone() if batch > 1 else logp
-                if batch > 1:  # rows after the first draw alternatives (Gumbel-max sampling)
-                    u = torch.rand(scores.shape, generator=gen, device=self.device).clamp_(1e-9, 1 - 1e-9)
-                    gumbel = -torch.log(-torch.log(u))
-                    scores[1:] = scores[1:] / cfg.temperature + gumbel[1:]
-                pred = scores.argmax(dim=-1)
-                conf = sampler.confidence(logits, cfg.confidence, logp=logp)
-                active = masked
-                if cfg.stop_at_frontier:
-                    active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
-                if window is not None and not block:  # a trimmed pass: no logits past the window
-                    active = active & (torch.arange(length, device=masked.device) < window[1])
-                steps_left, step_in, steps_of = steps - step, step, steps
+                plan = StepPlan(step, steps, steps - step)
+                region = None
                 if block:
-                    window = sampler.block_window(masked, block)
-                    active = active & window
+                    region = sampler.block_window(masked, block)
                     first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
                     b = last_block = min(int(first) // block, len(allot) - 1)
-                    step_in, steps_of = used[b], allot[b]
-                    steps_left = max(1, steps_of - step_in)
+                    plan = StepPlan(used[b], allot[b], max(1, allot[b] - used[b]))
                     used[b] += 1
-                pool = masked if cfg.stops_in_quota else active
-                if block:
-                    pool = pool & window
-                n_pool = int(pool.sum(dim=-1).max())
-                if cfg.schedule == "dream":
-                    need = sampler.dream_quota(n_pool, step_in, steps_of)
-                elif cfg.schedule == "one":
-                    need = 1
-                else:
-                    need = sampler.quota(n_pool, steps_left)
-                # Dream's schedule may commit nothing at an early step, as its reference does
-                one = cfg.schedule != "dream"
-                at_quota = sampler.select_commits(conf, active, need, None, at_least_one=one)
-                commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
                 canvas = x[:, span]
-                canvas[commit] = pred[commit]
-                picked = logp.gather(-1, pred[..., None]).squeeze(-1)
-                logp_sum += (picked * commit).sum(dim=-1)
-                logp_n += commit.sum(dim=-1)
-                masked &= ~commit
-                self.last_commits.append(int(commit[0].sum()))
-                fill_after_stop(canvas, masked, stops, self.fill_id)
+                done = denoise_step(
+                    cfg,
+                    rules,
+                    logits.float(),
+                    canvas,
+                    masked,
+                    stops,
+                    stop_tensor,
+                    self.fill_id,
+                    plan,
+                    gen=gen,
+                    blank_start=blank_start,
+                    window_end=window[1] if window is not None and not block else None,
+                    region=region,
+                )
+                pred = done.pred
+                logp_sum += done.logp_gain
+                logp_n += done.commit.sum(dim=-1)
+                self.last_commits.append(int(done.commit[0].sum()))
                 x[:, span] = canvas
                 if trim and full_pass:  # every position's prediction is fresh: draw the window
                     tail_end = sampler.tail_window(canvas, masked, pred, stop_tensor, cfg.trim_margin)
@@ -552,7 +532,6 @@ class MaskedDiffusionEngine(LocalEngine):
             cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
-
 
     def _generate_variable(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         """The `dreamon` format: the canvas starts at `expand_start` masks and each step's commits may grow
@@ -670,13 +649,3 @@ def _row0_snapshot(cache, ids: list[int]) -> KVSnapshot:
         keys=[layer.keys[:1] for layer in cache.layers],
         values=[layer.values[:1] for layer in cache.layers],
     )
-
-
-def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:
-    """Variable length: masks after a committed stop token are EOS tail; fill them in place."""
-    if not stop_ids:
-        return
-    stops = torch.isin(canvas, torch.tensor(sorted(stop_ids), device=canvas.device)) & ~masked
-    tail = (stops.cumsum(dim=-1) > 0) & masked
-    canvas[tail] = fill_id
-    masked &= ~tail

@@ -113,6 +113,25 @@ def test_batched_rows_trim_their_tails_as_each_would_alone(fp32, margin):
     assert runner.forwards < sum(a.stats.forward_passes for a, _ in alone)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"schedule": "one"}, {"schedule": "dream", "threshold": None}, {"stops_in_quota": False}],
+    ids=["one-per-step", "dream", "stops-out-of-quota"],
+)
+def test_batched_requests_follow_the_engines_step_for_every_schedule(fp32, options):
+    """The batch takes the engine's own step (`step.denoise_step`), whatever the sampler options: a
+    schedule the batch handled apart once (one token per pass) decoded differently there."""
+    engine = MaskedDiffusionEngine(
+        EMBEDDED_DIR, sampler=MaskedSamplerConfig(**options), use_continuation_cache=False
+    )
+    engine.use_prompt_cache = False
+    alone = [engine.infill(r) for r in REQUESTS]
+    together = BatchedMasked(engine).run(REQUESTS)
+    for a, b in zip(alone, together, strict=True):
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+        assert a.stats.forward_passes == b.stats.forward_passes
+
+
 def test_batched_requests_reuse_each_documents_prompt_kv(fp32):
     """The next keystroke in two documents, batched: each row starts from its document's cached prompt
     keys and values (from a batch or from a request alone) and decodes what the engine alone decodes

@@ -14,8 +14,8 @@ from dg_lsp.engine.masked import (
     MaskedDiffusionEngine,
     MaskedSamplerConfig,
     detect_logits_shift,
-    fill_after_stop,
 )
+from dg_lsp.engine.step import fill_after_stop
 from dg_lsp.engine.types import Cancelled, InfillRequest
 from dg_lsp.settings import Settings
 

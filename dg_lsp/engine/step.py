@@ -1,0 +1,103 @@
+"""One denoising step of a masked canvas: from a pass's logits to the tokens it commits.
+
+The single-request loop (`MaskedDiffusionEngine._generate`) and the batched one
+(`batching.BatchedMasked`) both call this, so a request decodes the same whether it is served alone or in
+a team batch. Which positions a pass recomputed (tail window, block) is the caller's business: it says
+so through `window_end` and `region`; everything that decides commits lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dg_lsp.engine import commit as commit_rules
+from dg_lsp.engine import sampler
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Where this step stands in its schedule (the block's, when decoding block by block)."""
+
+    step_in: int
+    steps_of: int
+    steps_left: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    pred: torch.Tensor
+    """(rows, L) this step's prediction at every position (stale beyond a trimmed window)."""
+    commit: torch.Tensor
+    """(rows, L) bool: the positions decided now."""
+    logp_gain: torch.Tensor
+    """(rows,) summed log-probability of the committed tokens."""
+
+
+def denoise_step(
+    cfg,
+    rules,
+    logits: torch.Tensor,
+    canvas: torch.Tensor,
+    masked: torch.Tensor,
+    stops: set[int],
+    stop_tensor: torch.Tensor,
+    fill_id: int,
+    plan: StepPlan,
+    gen: torch.Generator | None = None,
+    blank_start: torch.Tensor | None = None,
+    window_end: int | None = None,
+    region: torch.Tensor | None = None,
+) -> Committed:
+    """Commit this step's tokens into `canvas` and clear them from `masked` (both in place), then fill
+    the positions after a committed stop. `logits` (rows, L, V) float, edited in place; rows after the
+    first draw alternatives (Gumbel-max at `cfg.temperature`). `window_end`: the pass recomputed only
+    the first `window_end` positions (tail trimming), so nothing past it may be committed. `region`:
+    (rows, L) bool, the current block when decoding block by block."""
+    rows, length = masked.shape
+    if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
+        logits[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
+    if blank_start is not None:
+        logits[:, 0, blank_start] = -1e9
+    logp = torch.log_softmax(logits, dim=-1)
+    scores = logp
+    if rows > 1:  # rows after the first draw alternatives (Gumbel-max sampling)
+        u = torch.rand(logp.shape, generator=gen, device=logp.device).clamp_(1e-9, 1 - 1e-9)
+        scores = logp.clone()
+        scores[1:] = scores[1:] / cfg.temperature + (-torch.log(-torch.log(u)))[1:]
+    pred = scores.argmax(dim=-1)
+    conf = sampler.confidence(logits, cfg.confidence, logp=logp)
+    active = masked
+    if cfg.stop_at_frontier:
+        active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
+    if window_end is not None:  # a trimmed pass: no logits past the window
+        active = active & (torch.arange(length, device=masked.device) < window_end)
+    pool = masked if cfg.stops_in_quota else active
+    if region is not None:
+        active, pool = active & region, pool & region
+    n_pool = int(pool.sum(dim=-1).max())
+    if cfg.schedule == "dream":
+        need = sampler.dream_quota(n_pool, plan.step_in, plan.steps_of)
+    elif cfg.schedule == "one":
+        need = 1
+    else:
+        need = sampler.quota(n_pool, plan.steps_left)
+    # Dream's schedule may commit nothing at an early step, as its reference does
+    at_quota = sampler.select_commits(conf, active, need, None, at_least_one=cfg.schedule != "dream")
+    commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
+    canvas[commit] = pred[commit]
+    picked = logp.gather(-1, pred[..., None]).squeeze(-1)
+    masked &= ~commit
+    fill_after_stop(canvas, masked, stops, fill_id)
+    return Committed(pred, commit, (picked * commit).sum(dim=-1))
+
+
+def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:
+    """Variable length: masks after a committed stop token are EOS tail; fill them in place."""
+    if not stop_ids:
+        return
+    stops = torch.isin(canvas, torch.tensor(sorted(stop_ids), device=canvas.device)) & ~masked
+    tail = (stops.cumsum(dim=-1) > 0) & masked
+    canvas[tail] = fill_id
+    masked &= ~tail
