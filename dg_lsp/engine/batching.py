@@ -304,13 +304,11 @@ class BatchedMasked:
                     ends = [length if j.tail_end is None else j.tail_end for j in rest]
                     widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
                     idx = rows_of(rest)
+                    # as wide as the widest window: a trimmed row's step reads its own window alone
                     lg = self._canvas_pass(x, attn, pos, idx, lo, head, widths, ctx, ctx_row[idx])
-                    # a trimmed row reads no logits past its window: zeros, as the engine alone gives
-                    out = lg.new_zeros(lg.shape[0], length, lg.shape[-1])
-                    keep_cols = torch.arange(lg.shape[1], device=lg.device)[None, :] < widths[:, None]
-                    out[:, : lg.shape[1]] = torch.where(keep_cols[..., None], lg, 0.0)
-                    parts.append(out)
-                logits = torch.cat(parts)
+                    parts.append(lg)
+                width = max(p.shape[1] for p in parts)  # a full pass's rows need the whole canvas
+                logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
                 self.forwards += 1 if rest else 0
             r = 0
             for j in live:

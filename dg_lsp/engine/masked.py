@@ -365,6 +365,7 @@ class MaskedDiffusionEngine(LocalEngine):
         refresh: bool,
         doc: tuple[KVSnapshot | None, int] = (None, 0),
         window: tuple[int, int] | None = None,
+        pad: bool = True,
     ):
         """Logits for the canvas positions; (logits, ctx). A full pass when `ctx` is None or `refresh`
         (returning fresh context KV when the dual cache is on), else a canvas-only pass against `ctx`.
@@ -373,7 +374,8 @@ class MaskedDiffusionEngine(LocalEngine):
         `window` = (a, b), canvas positions of the current block (Fast-dLLM's dual cache with blocks): the
         context KV then holds every other position, later blocks' masks included, and a cached pass
         recomputes only the block; the logits of positions outside it are zero (the sampler never reads
-        them: it commits only inside the block)."""
+        them: it commits only inside the block), or left out when `pad` is off (a tail window (0, b):
+        the sampler's step reads the first b positions alone)."""
         a, b = window or (0, length)
         canvas_lo = start - 1 if self.shift else start  # shifted: the token before predicts the first
         lo, hi = canvas_lo + a, start + b
@@ -386,7 +388,7 @@ class MaskedDiffusionEngine(LocalEngine):
             keep = self._keep(0, b - a, hi - lo)
             kw = {self.cache_arg: cache, **keep}
             logits = self.model(input_ids=x[:, lo:hi], position_ids=pos, **kw).logits[:, : b - a]
-            if window is None:
+            if window is None or not pad:
                 return logits, ctx
             out = logits.new_zeros(logits.shape[0], length, logits.shape[-1])
             out[:, a:b] = logits
@@ -471,7 +473,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     window = (0, tail_end)
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
-                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window
+                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window, pad=bool(block)
                 )
                 full_pass = self._last_full is not None
                 self.last_windows.append(length if full_pass or window is None else window[1] - window[0])

@@ -28,7 +28,7 @@ class StepPlan:
 @dataclass(frozen=True)
 class Committed:
     pred: torch.Tensor
-    """(rows, L) this step's prediction at every position (stale beyond a trimmed window)."""
+    """(rows, L) this step's prediction at every position (0 past a trimmed window)."""
     commit: torch.Tensor
     """(rows, L) bool: the positions decided now."""
     logp_gain: torch.Tensor
@@ -51,28 +51,35 @@ def denoise_step(
     region: torch.Tensor | None = None,
 ) -> Committed:
     """Commit this step's tokens into `canvas` and clear them from `masked` (both in place), then fill
-    the positions after a committed stop. `logits` (rows, L, V) float, edited in place; rows after the
-    first draw alternatives (Gumbel-max at `cfg.temperature`). `window_end`: the pass recomputed only
-    the first `window_end` positions (tail trimming), so nothing past it may be committed. `region`:
-    (rows, L) bool, the current block when decoding block by block."""
+    the positions after a committed stop. `logits` (rows, >= window, V) float, edited in place; rows
+    after the first draw alternatives (Gumbel-max at `cfg.temperature`). `window_end`: the pass
+    recomputed only the first `window_end` positions (tail trimming), so nothing past it may be
+    committed and the vocabulary-wide work (softmax, top-2, argmax) is done for those positions alone;
+    `logits` may then hold just them. `region`: (rows, L) bool, the current block when decoding block
+    by block."""
     rows, length = masked.shape
+    w = length if window_end is None else min(window_end, length)
+    lg = logits[:, :w]
     if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
-        logits[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
-    if blank_start is not None:
-        logits[:, 0, blank_start] = -1e9
-    logp = torch.log_softmax(logits, dim=-1)
+        lg[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
+    if blank_start is not None and w > 0:
+        lg[:, 0, blank_start] = -1e9
+    logp = torch.log_softmax(lg, dim=-1)
     scores = logp
     if rows > 1:  # rows after the first draw alternatives (Gumbel-max sampling)
-        u = torch.rand(logp.shape, generator=gen, device=logp.device).clamp_(1e-9, 1 - 1e-9)
+        # drawn for the whole canvas whatever the window, so a seed draws the same alternatives
+        shape = (rows, length, logp.shape[-1])
+        u = torch.rand(shape, generator=gen, device=logp.device)[:, :w].clamp_(1e-9, 1 - 1e-9)
         scores = logp.clone()
         scores[1:] = scores[1:] / cfg.temperature + (-torch.log(-torch.log(u)))[1:]
-    pred = scores.argmax(dim=-1)
-    conf = sampler.confidence(logits, cfg.confidence, logp=logp)
+    pred = torch.zeros(rows, length, dtype=torch.long, device=masked.device)
+    pred[:, :w] = scores.argmax(dim=-1)
+    conf = sampler.confidence(lg, cfg.confidence, logp=logp)
     active = masked
     if cfg.stop_at_frontier:
         active = masked & (sampler.frontier(masked) | ~torch.isin(pred, stop_tensor))
-    if window_end is not None:  # a trimmed pass: no logits past the window
-        active = active & (torch.arange(length, device=masked.device) < window_end)
+    if w < length:  # a trimmed pass: no logits past the window
+        active = active & (torch.arange(length, device=masked.device) < w)
     pool = masked if cfg.stops_in_quota else active
     if region is not None:
         active, pool = active & region, pool & region
@@ -83,14 +90,18 @@ def denoise_step(
         need = 1
     else:
         need = sampler.quota(n_pool, plan.steps_left)
-    # Dream's schedule may commit nothing at an early step, as its reference does
-    at_quota = sampler.select_commits(conf, active, need, None, at_least_one=cfg.schedule != "dream")
-    commit = commit_rules.select(commit_rules.view(logits, active, logp=logp), rules, at_quota)
+    # Dream's schedule may commit nothing at an early step, as its reference does; every position a
+    # rule or the quota may pick lies inside the window
+    eligible = active[:, :w]
+    at_quota = sampler.select_commits(conf, eligible, need, None, at_least_one=cfg.schedule != "dream")
+    chosen = commit_rules.select(commit_rules.view(lg, eligible, logp=logp), rules, at_quota)
+    commit = torch.zeros_like(masked)
+    commit[:, :w] = chosen
     canvas[commit] = pred[commit]
-    picked = logp.gather(-1, pred[..., None]).squeeze(-1)
+    picked = logp.gather(-1, pred[:, :w, None]).squeeze(-1)
     masked &= ~commit
     fill_after_stop(canvas, masked, stops, fill_id)
-    return Committed(pred, commit, (picked * commit).sum(dim=-1))
+    return Committed(pred, commit, (picked * chosen).sum(dim=-1))
 
 
 def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:
