@@ -106,6 +106,9 @@ def lora_model(cfg: TrainConfig, base_file: Path, kind: str, sp: Special):
     )
     for p in model.parameters():
         p.requires_grad_(False)
+    if cfg.attention not in ("sdpa", "eager"):
+        raise ValueError(f"attention must be 'sdpa' or 'eager', not {cfg.attention!r}")
+    model.set_attn_implementation(cfg.attention)
     lcfg = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
@@ -246,6 +249,9 @@ def batch_loss(model, batch: AdaptBatch) -> torch.Tensor:
     mask = batch.attention_mask
     if getattr(model.config, "dg_lsp_layout", "") == "block":
         mask = bl.block_attention_mask(batch.input_ids, mask, 0, model.config.dg_lsp_block_token_id)
+        if model.config._attn_implementation == "eager":  # eager adds the mask to the scores as it is
+            lowest = torch.finfo(torch.float32).min
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, lowest)
     out = model.model(input_ids=batch.input_ids, attention_mask=mask)
     h = out.last_hidden_state[batch.hidden]
     logits = model.lm_head(h).float()

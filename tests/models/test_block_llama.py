@@ -107,6 +107,40 @@ def _peft_twin(run: Path, kind: str):
     return model.eval(), tok
 
 
+@pytest.mark.parametrize("kind", ["block", "ar"])
+def test_the_eager_attention_kernel_trains_on_the_same_loss_as_sdpa(tiny_adapted, kind):
+    """`attention: eager` (the CPU recipe's choice, for speed) computes the loss sdpa computes, with the
+    block model's own mask (causal prompt, bidirectional block) and the twin's causal one."""
+    import dataclasses
+    import random
+
+    from dg_lsp.training import adapt
+    from dg_lsp.training.config import config_from_dict
+    from dg_lsp.training.corpus import load_docs
+    from dg_lsp.training.train import DocSampler
+
+    run = tiny_adapted[kind]
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    cfg = config_from_dict(state["config"])
+    tok = adapt.base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+    sp = adapt.special_ids(tok)
+    base = adapt.base_weights(cfg.base, Path(cfg.data.tokenizer))
+    sampler = DocSampler(load_docs(Path(cfg.data.corpus) / "train.jsonl"))
+    examples = adapt.make_examples(cfg, tok, sampler, random.Random(3), 4)
+    batch = adapt.make_batch(cfg, kind, examples, torch.Generator().manual_seed(3), sp)
+    losses = {}
+    for attention in ("sdpa", "eager"):
+        peft_model, model = adapt.lora_model(dataclasses.replace(cfg, attention=attention), base, kind, sp)
+        for n, p in adapt.trainable(peft_model).items():
+            p.data.copy_(state["params"][n])
+        assert model.config._attn_implementation == attention
+        with torch.no_grad():
+            losses[attention] = float(adapt.batch_loss(model.eval(), batch))
+    assert losses["eager"] == pytest.approx(losses["sdpa"], abs=1e-5)
+    with pytest.raises(ValueError, match="attention"):
+        adapt.lora_model(dataclasses.replace(cfg, attention="flash"), base, kind, sp)
+
+
 def test_the_exported_adapter_merged_at_load_equals_the_trained_lora_model(tiny_adapted):
     from dg_lsp.training import adapt
 

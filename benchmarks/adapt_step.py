@@ -1,0 +1,140 @@
+"""Training throughput of the SmolLM2 adaptation step on this CPU, per attention kernel.
+
+The recipe's step (`dg_lsp/training/adapt.py`: LoRA on every projection, bf16 autocast, loss on the
+masked canvas or the twin's middle) on the same batches of the CPU recipe, with transformers' `sdpa` and
+`eager` attention alternated `--repeats` times, so drift of the machine falls on both. Reported: tokens
+(prompt + canvas, padding excluded) per second of step, median over repeats, and the loss each kernel
+gives on the first batches (the same up to bf16 rounding). Needs the recipe's data (`data/smollm2`, the
+corpus in `data/corpus`: see dg_lsp/training/README.md).
+
+    python benchmarks/adapt_step.py                 # the committed run
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common
+import torch
+
+from dg_lsp.training import adapt
+from dg_lsp.training.config import load_config
+from dg_lsp.training.corpus import load_docs
+from dg_lsp.training.train import DocSampler
+
+CONFIG = "dg_lsp/training/configs/cpu-smollm2-block.json"
+KERNELS = ("sdpa", "eager")
+
+
+def measure(kind: str, batches_n: int, repeats: int) -> dict:
+    cfg = load_config(common.ROOT / CONFIG)
+    cfg = dataclasses.replace(cfg, kind=kind)
+    tok = adapt.base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+    sp = adapt.special_ids(tok)
+    base = adapt.base_weights(cfg.base, Path(cfg.data.tokenizer))
+    peft_model, model = adapt.lora_model(cfg, base, kind, sp)
+    params = list(adapt.trainable(peft_model).values())
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    sampler = DocSampler(load_docs(Path(cfg.data.corpus) / "train.jsonl"))
+    batches = []
+    for i in range(batches_n):
+        examples = adapt.make_examples(cfg, tok, sampler, random.Random(100 + i), cfg.batch_size)
+        batches.append(adapt.make_batch(cfg, kind, examples, torch.Generator().manual_seed(100 + i), sp))
+    tokens = sum(int(b.attention_mask.sum()) for b in batches)
+
+    def step(batch) -> float:
+        t = time.perf_counter()
+        with adapt._autocast(cfg):
+            loss = adapt.batch_loss(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return time.perf_counter() - t
+
+    losses = {}
+    for kernel in KERNELS:
+        model.set_attn_implementation(kernel)
+        step(batches[0])  # warm-up
+        with torch.no_grad(), adapt._autocast(cfg):
+            losses[kernel] = [float(adapt.batch_loss(model, b)) for b in batches[:3]]
+    rates: dict[str, list[float]] = {k: [] for k in KERNELS}
+    for r in range(repeats):
+        for kernel in KERNELS if r % 2 == 0 else KERNELS[::-1]:
+            model.set_attn_implementation(kernel)
+            rates[kernel].append(tokens / sum(step(b) for b in batches))
+            print(kind, r, kernel, f"{rates[kernel][-1]:.0f} tokens/s", flush=True)
+    return {"kind": kind, "tokens": tokens, "rates": rates, "losses": losses}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=common.RESULTS / "adapt_step")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    lines, info = common.header("SmolLM2 adaptation step: tokens per second per attention kernel", threads=1)
+    runs = [measure(kind, args.batches, args.repeats) for kind in ("block", "ar")]
+    rows = []
+    for run in runs:
+        med = {k: statistics.median(v) for k, v in run["rates"].items()}
+        rows.append(
+            [
+                "diffusion (block)" if run["kind"] == "block" else "AR twin",
+                f"{med['sdpa']:.0f}",
+                f"{med['eager']:.0f}",
+                f"{med['eager'] / med['sdpa']:.2f}x",
+                " / ".join(f"{x:.0f}" for x in run["rates"]["sdpa"]),
+                " / ".join(f"{x:.0f}" for x in run["rates"]["eager"]),
+                " / ".join(f"{a:.3f} vs {b:.3f}" for a, b in zip(*run["losses"].values(), strict=True)),
+            ]
+        )
+    lines += [
+        f"`{CONFIG}`'s step (batch 8, LoRA r 32, bf16 autocast) on {args.batches} batches of its data,"
+        f" {runs[0]['tokens']:,} tokens (block) and {runs[1]['tokens']:,} (twin); the kernels alternated"
+        f" {args.repeats} times after a warm-up step each.",
+        "",
+        *common.md_table(
+            [
+                "model",
+                "sdpa tokens/s",
+                "eager tokens/s",
+                "eager / sdpa",
+                "sdpa, each repeat",
+                "eager, each repeat",
+                "loss, first 3 batches (sdpa vs eager)",
+            ],
+            rows,
+        ),
+    ]
+    path = common.write_results(args.out, "adapt_step", lines, {"info": info, "runs": runs})
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for i, run in enumerate(runs):
+        for j, kernel in enumerate(KERNELS):
+            ax.bar(
+                i * 3 + j,
+                statistics.median(run["rates"][kernel]),
+                color=f"C{j}",
+                label=kernel if i == 0 else None,
+            )
+    ax.set_xticks([0.5, 3.5], ["diffusion (block)", "AR twin"])
+    ax.set_ylabel("tokens per second of step (median)")
+    ax.set_title("SmolLM2 adaptation step, 1 CPU thread")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "adapt_step.png", dpi=120)
+    print(path.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
