@@ -116,22 +116,17 @@ def main() -> int:
         ),
     ]
     path = common.write_results(args.out, "adapt_step", lines, {"info": info, "runs": runs})
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
-    for i, run in enumerate(runs):
-        for j, kernel in enumerate(KERNELS):
-            ax.bar(
-                i * 3 + j,
-                statistics.median(run["rates"][kernel]),
-                color=f"C{j}",
-                label=kernel if i == 0 else None,
-            )
-    ax.set_xticks([0.5, 3.5], ["diffusion (block)", "AR twin"])
-    ax.set_ylabel("tokens per second of step (median)")
-    ax.set_title("SmolLM2 adaptation step, 1 CPU thread")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "adapt_step.png", dpi=120)
+    common.grouped_bars(
+        args.out / "adapt_step.png",
+        {
+            "diffusion (block)" if run["kind"] == "block" else "AR twin": {
+                k: statistics.median(run["rates"][k]) for k in KERNELS
+            }
+            for run in runs
+        },
+        "tokens per second of step (median)",
+        "SmolLM2 adaptation step, 1 CPU thread",
+    )
     print(path.read_text())
     return 0
 

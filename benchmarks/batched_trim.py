@@ -106,22 +106,18 @@ def main() -> int:
     ]
     lines += ["", "![batched trim](batched_trim.png)"]
     path = common.write_results(args.out, "batched_trim", lines, {"info": info, "runs": raw})
-    plt = common.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for k, batching in enumerate((True, False)):
-        for j, trim in enumerate((False, True)):
-            ax.bar(
-                k * 3 + j,
-                statistics.median(times[(batching, trim)]),
-                color="C1" if trim else "C0",
-                label=("trim on" if trim else "trim off") if k == 0 else None,
-            )
-    ax.set_xticks([0.5, 3.5], ["one batch", "one after another"])
-    ax.set_ylabel(f"s per {n} requests (median)")
-    ax.set_title("Tail trimming on the team server's requests")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(args.out / "batched_trim.png", dpi=120)
+    common.grouped_bars(
+        args.out / "batched_trim.png",
+        {
+            "one batch" if batching else "one after another": {
+                f"trim {'on' if trim else 'off'}": statistics.median(times[(batching, trim)])
+                for trim in (False, True)
+            }
+            for batching in (True, False)
+        },
+        f"s per {n} requests (median)",
+        "Tail trimming on the team server's requests",
+    )
     print(path.read_text())
     return 0
 

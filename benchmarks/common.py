@@ -154,6 +154,24 @@ def pyplot():
     return plt
 
 
+def grouped_bars(path: Path, groups: dict[str, dict[str, float]], ylabel: str, title: str) -> None:
+    """One bar per variant in each group (variants in the same order and colour in every group)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    variants = list(next(iter(groups.values())))
+    width = len(variants) + 1
+    for i, values in enumerate(groups.values()):
+        for j, variant in enumerate(variants):
+            ax.bar(i * width + j, values[variant], color=f"C{j}", label=variant if i == 0 else None)
+    centre = (len(variants) - 1) / 2
+    ax.set_xticks([i * width + centre for i in range(len(groups))], list(groups))
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 # -- models ---------------------------------------------------------------------------------------
 
 
