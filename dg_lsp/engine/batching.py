@@ -311,10 +311,10 @@ class BatchedMasked:
                 logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
                 self.forwards += 1 if rest else 0
             r = 0
-            for j in live:
+            for n, j in enumerate(live):  # `live` lists the full pass's rows first
                 rows = row_of[j.index_in]
                 canvas = x[rows, span]
-                passed_full = any(j is f for f in full)
+                passed_full = n < len(full)
                 window = None if passed_full or j.tail_end is None else j.tail_end
                 j.windows.append(length if window is None else window)
                 pred = self._step(j, logits[r : r + j.rows].float(), canvas, rules, window)
