@@ -21,6 +21,7 @@ code and the key go to the engine named, not to whatever `HTTP_PROXY` says), no 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -62,9 +63,20 @@ class RemoteError(RuntimeError):
         self.status = status
 
 
-def fim_body(request: InfillRequest, model: str | None, extras: bool, request_id: str | None = None) -> dict:
+def fim_body(
+    request: InfillRequest,
+    model: str | None,
+    extras: bool,
+    request_id: str | None = None,
+    scope: str | None = None,
+) -> dict:
     """The JSON body for `request`; without `extras` only the fields every FIM server knows. A single-line
-    span is `stop: ["\\n"]`, the convention's way to ask for one line."""
+    span is `stop: ["\\n"]`, the convention's way to ask for one line.
+
+    With `scope` (one per client), the document key is a hash of scope and key: the team server lets the
+    newest request per document win, and two users whose files share a path (the same container layout,
+    the same checkout path) must not cancel each other's requests or share a prompt cache. The hash also
+    keeps local paths off the server."""
     body: dict[str, Any] = {
         "prompt": request.prefix,
         "suffix": request.suffix,
@@ -80,13 +92,19 @@ def fim_body(request: InfillRequest, model: str | None, extras: bool, request_id
         body.update(seed=request.seed, blank_start=request.blank_start)
         optional = {
             "steps": request.steps,
-            "document": request.doc_key,
+            "document": _scoped(request.doc_key, scope),
             "language": request.language,
             "deadline_ms": request.deadline_ms,
             "request_id": request_id,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
     return body
+
+
+def _scoped(doc_key: str | None, scope: str | None) -> str | None:
+    if doc_key is None or scope is None:
+        return doc_key
+    return hashlib.sha256(f"{scope}\0{doc_key}".encode()).hexdigest()[:32]
 
 
 def load_token(path: str | None, environ: Mapping[str, str] | None = None) -> str | None:
@@ -150,6 +168,7 @@ class RemoteEngine:
         self._environ = os.environ if environ is None else environ
         self.key_env = api_key_env(self.url, self._environ)
         self.extras = False
+        self.scope = uuid.uuid4().hex  # this client's documents, apart from other clients' (fim_body)
         retry = urllib3.Retry(
             total=retries,
             connect=retries,
@@ -232,7 +251,7 @@ class RemoteEngine:
         rid = f"cmpl-{uuid.uuid4().hex}"
         if should_cancel is not None and should_cancel():
             raise Cancelled()
-        body = fim_body(request, self.model, self.extras, rid)
+        body = fim_body(request, self.model, self.extras, rid, scope=self.scope)
         future = self._pool.submit(self._call, "POST", self.endpoint, body)
         while True:
             try:

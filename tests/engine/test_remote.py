@@ -90,6 +90,38 @@ def test_newer_request_for_same_document_supersedes(served):
     assert outcome["old"] == "cancelled" and newer.stats.forward_passes == 2
 
 
+def test_two_clients_editing_the_same_path_do_not_supersede_each_other(served):
+    """Two users whose files share a path (same container layout) each keep their own request: the
+    second one waits its turn instead of cancelling the first (the newest per document wins only within
+    one client)."""
+    url, _ = served
+    first, second = RemoteEngine(url), RemoteEngine(url)
+    outcome = {}
+    stop = threading.Event()
+
+    def long_one():
+        try:
+            first.infill(InfillRequest(PREFIX, SUFFIX, steps=5000, doc_key="file:///app.py"), stop.is_set)
+            outcome["first"] = "finished"
+        except Cancelled:
+            outcome["first"] = "stopped by its own client" if stop.is_set() else "superseded"
+
+    def short_one():
+        request = InfillRequest(PREFIX + "a", SUFFIX, max_tokens=32, steps=2, doc_key="file:///app.py")
+        outcome["second"] = second.infill(request).stats.forward_passes
+
+    threads = [threading.Thread(target=long_one), threading.Thread(target=short_one)]
+    threads[0].start()
+    time.sleep(0.3)
+    threads[1].start()
+    time.sleep(1.0)
+    assert threads[0].is_alive(), outcome
+    stop.set()
+    for thread in threads:
+        thread.join(30)
+    assert outcome == {"first": "stopped by its own client", "second": 2}
+
+
 def test_requests_waiting_together_share_forward_passes():
     """The embedded model has a batched path: 6 concurrent requests take far fewer forwards than 6 x 8."""
     engine = load_engine(Settings(model="embedded"))

@@ -89,3 +89,15 @@ def test_the_client_sends_extras_only_to_a_dg_lsp_server():
     assert FimRequest.model_validate(ours).infill_request() == InfillRequest(
         "a", "b", max_tokens=8, single_line=True, steps=3, doc_key="d", seed=2
     )
+
+
+def test_a_clients_documents_are_its_own():
+    """Two clients with the same path send different document keys, and neither sends the path."""
+    request = InfillRequest("a", "b", doc_key="file:///workspace/src/app.py")
+    mine = fim_body(request, None, extras=True, scope="client-1")["document"]
+    again = fim_body(request, None, extras=True, scope="client-1")["document"]
+    theirs = fim_body(request, None, extras=True, scope="client-2")["document"]
+    other = fim_body(InfillRequest("a", "b", doc_key="file:///x.py"), None, extras=True, scope="client-1")
+    assert mine == again and len({mine, theirs, other["document"]}) == 3
+    assert "app.py" not in mine and "workspace" not in mine
+    assert "document" not in fim_body(InfillRequest("a", "b"), None, extras=True, scope="client-1")
