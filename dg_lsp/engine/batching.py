@@ -29,6 +29,7 @@ from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
+from dg_lsp.engine.passes import TailWindow
 from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
@@ -140,8 +141,8 @@ class _Job:
     final: torch.Tensor | None = None
     cached: _Cached | None = None
     """Its document's prompt-cache lookup for the first pass (`BatchedMasked._reuse_groups`)."""
-    tail_end: int | None = None
-    """Tail trimming: canvas positions its canvas passes recompute (None: all of them)."""
+    tail: TailWindow = field(default_factory=lambda: TailWindow(margin=0))
+    """Tail trimming: the canvas positions its canvas passes recompute."""
     refresh: bool = False
     """Its span outgrew its window: the next pass is a full one, as alone."""
     windows: list[int] = field(default_factory=list)
@@ -209,6 +210,7 @@ class BatchedMasked:
             masked=torch.ones(rows, length, dtype=torch.bool, device=eng.device),
             logp_sum=torch.zeros(rows, device=eng.device),
             logp_n=torch.zeros(rows, device=eng.device),
+            tail=TailWindow(eng.cfg.trim_margin),
         )
 
     def _decode(self, jobs: list[_Job], length: int) -> None:
@@ -301,7 +303,7 @@ class BatchedMasked:
                     parts.append(lg)
                     self.forwards += 1
                 if rest:
-                    ends = [length if j.tail_end is None else j.tail_end for j in rest]
+                    ends = [length if j.tail.end is None else j.tail.end for j in rest]
                     widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
                     idx = rows_of(rest)
                     # as wide as the widest window: a trimmed row's step reads its own window alone
@@ -315,15 +317,14 @@ class BatchedMasked:
                 rows = row_of[j.index_in]
                 canvas = x[rows, span]
                 passed_full = n < len(full)
-                window = None if passed_full or j.tail_end is None else j.tail_end
+                window = None if passed_full else j.tail.end
                 j.windows.append(length if window is None else window)
                 pred = self._step(j, logits[r : r + j.rows].float(), canvas, rules, window)
-                if trim and passed_full:  # every position's prediction is fresh: draw the window
-                    margin = eng.cfg.trim_margin
-                    j.tail_end = sampler.tail_window(canvas, j.masked, pred, j.stop_tensor, margin)
+                if trim and passed_full:
+                    j.tail.after_full_pass(canvas, j.masked, pred, j.stop_tensor)
                     j.refresh = False
-                elif j.tail_end is not None and sampler.outgrown(j.masked, j.tail_end):
-                    j.tail_end, j.refresh = None, True
+                elif j.tail.outgrew(j.masked):
+                    j.refresh = True
                 x[rows, span] = canvas
                 r += j.rows
             step_ms = (time.perf_counter() - t0) * 1000

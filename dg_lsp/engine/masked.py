@@ -37,6 +37,7 @@ from dg_lsp.engine import infill_format, layouts, lean, sampler
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
+from dg_lsp.engine.passes import BlockSchedule, TailWindow
 from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
@@ -429,12 +430,9 @@ class MaskedDiffusionEngine(LocalEngine):
         if request.deadline_ms is not None and self.ms_per_step:
             capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
             steps = max(capped, min(steps, cfg.min_capped_steps))
-        allot: list[int] = []
-        if block:
-            steps = max(steps, -(-length // block))  # at least one pass per block
-            allot = sampler.block_allotment(steps, -(-length // block))
-        used = [0] * len(allot)
-        last_block = 0
+        blocks = BlockSchedule.make(steps, length, block) if block else None
+        if blocks is not None:
+            steps = blocks.steps  # at least one pass per block
         stats.step_cap = steps
         rules = commit_rules.build(self.rule_specs())  # from cfg per request: settings may change it
         gen = torch.Generator(device=self.device).manual_seed(int(request.seed))
@@ -451,8 +449,7 @@ class MaskedDiffusionEngine(LocalEngine):
         if not request.blank_start and self.blank_start_ids():
             blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
         ctx = None
-        trim = cfg.trim_tail and self.dual_on() and not block
-        tail_end: int | None = None
+        tail = TailWindow(cfg.trim_margin) if cfg.trim_tail and self.dual_on() and not block else None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
@@ -463,14 +460,12 @@ class MaskedDiffusionEngine(LocalEngine):
                 t0 = time.perf_counter()
                 refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
                 window = None
-                if block and cfg.refresh_blocks:
-                    first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
-                    current = min(int(first) // block, len(allot) - 1)
-                    refresh = refresh or (step > 0 and current != last_block)
+                if blocks is not None and cfg.refresh_blocks:
+                    refresh = refresh or blocks.moved(step, masked)
                     if self.layout != "block":  # a block model's canvas is one bidirectional chunk
-                        window = (current * block, min(length, (current + 1) * block))
-                if window is None and tail_end is not None and ctx is not None and not refresh:
-                    window = (0, tail_end)
+                        window = blocks.window(masked)
+                if window is None and tail is not None and ctx is not None and not refresh:
+                    window = tail.window()
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
                     x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window, pad=bool(block)
@@ -482,14 +477,9 @@ class MaskedDiffusionEngine(LocalEngine):
                     if reuse and request.doc_key is not None:
                         self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
                 stats.forward_passes += 1
-                plan = StepPlan(step, steps, steps - step)
-                region = None
-                if block:
-                    region = sampler.block_window(masked, block)
-                    first = torch.where(masked, torch.arange(length, device=masked.device), length).min()
-                    b = last_block = min(int(first) // block, len(allot) - 1)
-                    plan = StepPlan(used[b], allot[b], max(1, allot[b] - used[b]))
-                    used[b] += 1
+                plan, region = StepPlan(step, steps, steps - step), None
+                if blocks is not None:
+                    plan, region = blocks.plan(masked)
                 canvas = x[:, span]
                 done = denoise_step(
                     cfg,
@@ -511,12 +501,12 @@ class MaskedDiffusionEngine(LocalEngine):
                 logp_n += done.commit.sum(dim=-1)
                 self.last_commits.append(int(done.commit[0].sum()))
                 x[:, span] = canvas
-                if trim and full_pass:  # every position's prediction is fresh: draw the window
-                    tail_end = sampler.tail_window(canvas, masked, pred, stop_tensor, cfg.trim_margin)
-                    if tail_end is not None:  # the context: everything but the window's positions
-                        ctx = context_outside(self._last_full, start - int(self.shift), start + tail_end)
-                elif tail_end is not None and sampler.outgrown(masked, tail_end):
-                    tail_end, ctx = None, None  # a full pass next, then a new window
+                if tail is not None and full_pass:
+                    if tail.after_full_pass(canvas, masked, pred, stop_tensor) is not None:
+                        # the context: everything but the window's positions
+                        ctx = context_outside(self._last_full, start - int(self.shift), start + tail.end)
+                elif tail is not None and tail.outgrew(masked):
+                    ctx = None  # a full pass next, then a new window
                 step_ms = (time.perf_counter() - t0) * 1000
                 self.ms_per_step = (
                     step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms

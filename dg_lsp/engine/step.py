@@ -2,8 +2,8 @@
 
 The single-request loop (`MaskedDiffusionEngine._generate`) and the batched one
 (`batching.BatchedMasked`) both call this, so a request decodes the same whether it is served alone or in
-a team batch. Which positions a pass recomputed (tail window, block) is the caller's business: it says
-so through `window_end` and `region`; everything that decides commits lives here.
+a team batch. Which positions a pass recomputed (tail window, block: `passes.py` plans them) the caller
+says through `window_end` and `region`; everything that decides commits lives here.
 """
 
 from __future__ import annotations

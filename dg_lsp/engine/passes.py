@@ -1,0 +1,91 @@
+"""Which canvas positions a denoising pass recomputes: the block schedule and the tail window.
+
+A pass recomputes either the whole canvas (a full pass: every position's prediction is fresh) or a
+window of it against cached keys and values. Two plans narrow it: semi-autoregressive blocks (LLaDA,
+Fast-dLLM), and tail trimming (a natural stop uses a fraction of its canvas, so passes after a full one
+recompute only up to a little past where the model means the span to end). The single-request loop keeps
+one of each per request and the team batch one tail window per row, so a request's passes are planned the
+same way wherever it runs. The forward itself and the keys and values it reuses stay with the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dg_lsp.engine import sampler
+from dg_lsp.engine.step import StepPlan
+
+
+@dataclass
+class TailWindow:
+    """Tail trimming for one request (all its candidate rows share the window)."""
+
+    margin: int
+    end: int | None = None
+    """Canvas positions a canvas pass recomputes; None: all of them (no window drawn, or it was outgrown)."""
+
+    def window(self) -> tuple[int, int] | None:
+        return None if self.end is None else (0, self.end)
+
+    def after_full_pass(
+        self, canvas: torch.Tensor, masked: torch.Tensor, pred: torch.Tensor, stops: torch.Tensor
+    ) -> int | None:
+        """Every prediction is fresh after a full pass: the only moment a window can be drawn."""
+        self.end = sampler.tail_window(canvas, masked, pred, stops, self.margin)
+        return self.end
+
+    def outgrew(self, masked: torch.Tensor) -> bool:
+        """The span used its window up without stopping: the window is dropped and the next pass must be
+        a full one, because the masks past it were never recomputed."""
+        if self.end is not None and sampler.outgrown(masked, self.end):
+            self.end = None
+            return True
+        return False
+
+
+@dataclass
+class BlockSchedule:
+    """The canvas decoded `block` positions at a time, left to right, each block allotted an even share of
+    the steps up front (`sampler.block_allotment`), so the last block is never starved."""
+
+    block: int
+    length: int
+    allot: list[int]
+    used: list[int] = field(default_factory=list)
+    last: int = 0
+    """The block the previous step decoded."""
+
+    @classmethod
+    def make(cls, steps: int, length: int, block: int) -> BlockSchedule:
+        n = -(-length // block)
+        return cls(block, length, sampler.block_allotment(steps, n), [0] * n)
+
+    @property
+    def steps(self) -> int:
+        """Steps in all: at least one per block."""
+        return sum(self.allot)
+
+    def current(self, masked: torch.Tensor) -> int:
+        """The block holding the leftmost masked position over all rows (the last block once none is)."""
+        pos = torch.arange(self.length, device=masked.device)
+        first = int(torch.where(masked, pos, self.length).min())
+        return min(first // self.block, len(self.allot) - 1)
+
+    def moved(self, step: int, masked: torch.Tensor) -> bool:
+        """Decoding crossed into a new block since the last step: the cached context saw the old one's
+        masks, so the next pass should be a full one."""
+        return step > 0 and self.current(masked) != self.last
+
+    def window(self, masked: torch.Tensor) -> tuple[int, int]:
+        """The current block's canvas positions, as a pass window."""
+        b = self.current(masked)
+        return b * self.block, min(self.length, (b + 1) * self.block)
+
+    def plan(self, masked: torch.Tensor) -> tuple[StepPlan, torch.Tensor]:
+        """This step's place in its block's allotment, and the (rows, length) region it may commit in."""
+        b = self.last = self.current(masked)
+        plan = StepPlan(self.used[b], self.allot[b], max(1, self.allot[b] - self.used[b]))
+        self.used[b] += 1
+        return plan, sampler.block_window(masked, self.block)

@@ -1,0 +1,64 @@
+"""The pass plans on hand-built canvases: which positions the next pass recomputes, and when it must be a
+full one. The engines' parity tests (test_masked, test_batching) check them end to end."""
+
+from __future__ import annotations
+
+import torch
+
+from dg_lsp.engine.passes import BlockSchedule, TailWindow
+from dg_lsp.engine.step import StepPlan
+
+STOP = 0
+STOPS = torch.tensor([STOP])
+
+
+def test_a_window_ends_a_margin_past_the_span_the_model_wants():
+    canvas = torch.tensor([[5, 6, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]])  # 1 = still masked
+    masked = torch.tensor([[False, False] + [True] * 10])
+    pred = torch.tensor([[5, 6, 7, 8, STOP, STOP, STOP, STOP, STOP, STOP, STOP, STOP]])
+    tail = TailWindow(margin=2)
+    assert tail.window() is None
+    assert tail.after_full_pass(canvas, masked, pred, STOPS) == 6  # 4 live positions + 2
+    assert tail.window() == (0, 6)
+    assert not tail.outgrew(masked)
+
+
+def test_no_window_when_it_would_save_less_than_its_margin():
+    canvas = torch.ones(1, 8, dtype=torch.long)
+    masked = torch.ones(1, 8, dtype=torch.bool)
+    pred = torch.tensor([[5, 6, 7, 8, 9, 10, STOP, STOP]])
+    tail = TailWindow(margin=3)
+    assert tail.after_full_pass(canvas, masked, pred, STOPS) is None and tail.window() is None
+
+
+def test_a_span_that_uses_its_window_up_drops_it():
+    tail = TailWindow(margin=1, end=3)
+    masked = torch.tensor([[False, False, False, True, True]])  # masks left, none inside the window
+    assert tail.outgrew(masked) and tail.end is None and tail.window() is None
+    assert not tail.outgrew(masked)  # nothing left to drop
+    done = TailWindow(margin=1, end=3)
+    assert not done.outgrew(torch.zeros(1, 5, dtype=torch.bool)) and done.end == 3  # finished, not outgrown
+
+
+def test_blocks_get_their_steps_up_front_and_move_left_to_right():
+    blocks = BlockSchedule.make(steps=5, length=8, block=4)
+    assert blocks.allot == [3, 2] and blocks.steps == 5
+    masked = torch.ones(2, 8, dtype=torch.bool)
+    assert not blocks.moved(0, masked) and blocks.window(masked) == (0, 4)
+    plan, region = blocks.plan(masked)
+    assert plan == StepPlan(0, 3, 3)
+    assert region.tolist() == [[True] * 4 + [False] * 4] * 2
+    masked[:, :4] = False
+    masked[1, 2] = True  # one row still has a mask in the first block: the schedule follows it
+    assert not blocks.moved(1, masked) and blocks.plan(masked)[0] == StepPlan(1, 3, 2)
+    masked[1, 2] = False
+    assert blocks.moved(2, masked) and blocks.window(masked) == (4, 8)
+    assert blocks.plan(masked)[0] == StepPlan(0, 2, 2)
+    assert not blocks.moved(3, masked)
+
+
+def test_at_least_one_step_per_block():
+    blocks = BlockSchedule.make(steps=1, length=10, block=4)
+    assert blocks.allot == [1, 1, 1] and blocks.steps == 3
+    done = torch.zeros(1, 10, dtype=torch.bool)
+    assert blocks.current(done) == 2 and blocks.window(done) == (8, 10)
