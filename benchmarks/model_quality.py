@@ -570,10 +570,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     models = dict(spec.rsplit("=", 1) for spec in specs)
     tasks: list[Task] = []
-    if (args.corpus / "valid.jsonl").exists() and args.spans > 0:
+    if args.spans > 0 and (args.corpus / "valid.jsonl").exists():
         drawn_by = args.tasks_tokenizer or Path(next(iter(models.values())))
         tasks += held_out_tasks(args.corpus, drawn_by, args.spans, args.prompt_tokens, 32)
-    else:
+    elif args.spans > 0:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
     for suite, every in (
         ("single-line", args.single_every),
