@@ -1,0 +1,116 @@
+"""scripts/gpu-adapt.sh, the GPU recipe's two device calls, rehearsed on the CPU with a tiny random base.
+
+A device lease is short and a warm machine goes back 30 s after a call, so a broken stage costs a whole
+lease: the pack -> call 1 -> call 2 -> unpack round trip runs here, each call in a fresh folder that holds
+only what would travel (the tree and that call's carried part).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dg_lsp.training.train import main as train_main
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "gpu-adapt.sh"
+
+pytestmark = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("xz", "tar", "split", "bash")), reason="needs xz, tar, split and bash"
+)
+
+
+def _sh(cwd: Path, *args: str, **env: str) -> str:
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), *args],
+        cwd=cwd,
+        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "DEVICE": "cpu", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_pack_two_calls_and_unpack_round_trip(tmp_path):
+    from dg_lsp.models.tiny import _SAMPLE_CODE
+    from dg_lsp.models.tiny_extra import make_tiny_packed_base
+
+    here = tmp_path / "here"
+    (here / ".git" / "info").mkdir(parents=True)
+    make_tiny_packed_base(here / "tinybase")
+    corpus = here / "data" / "corpus"
+    corpus.mkdir(parents=True)
+    for split in ("train", "valid"):
+        docs = [
+            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
+            for i in range(4)
+        ]
+        (corpus / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    cfg = {
+        "kind": "block",
+        "base": "tinybase",
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "model": {"canvas_buckets": [8, 16]},
+        "data": {
+            "tokenizer": "data/tok",
+            "context_tokens": [32, 48],
+            "valid_samples": 8,
+            "shards": "data/sh",
+        },
+        "batch_size": 4,
+        "warmup_steps": 1,
+        "max_steps": 1000,
+        "eval_every": 2,
+        "save_every": 2,
+    }
+    (here / "cfg.json").write_text(json.dumps(cfg))
+    cwd = Path.cwd()
+    os.chdir(here)  # the config's paths are relative to the repository root, as on the device
+    try:
+        assert train_main(["cfg.json", "--pretokenize", "data/sh", "--examples", "16"]) == 0
+    finally:
+        os.chdir(cwd)
+
+    env = {"CFG": "cfg.json", "PART1_BYTES": "20000"}  # the tiny base is split in two like the real one
+    _sh(here, "pack", **env)
+    assert (here / ".git" / "info" / "exclude").read_text().splitlines() == ["/.dev/"]
+    assert sorted(p.name for p in (here / ".dev" / "p1").iterdir()) == ["base.xz.aa"]
+    rest = sorted(p.name for p in (here / ".dev" / "p2").iterdir())
+    assert rest[0] == "base.xz.ab" and rest[-1] == "data.tar.xz", rest
+
+    # the device: a folder with the tree (here, the config) and one carried part per call
+    device, stage, out = tmp_path / "device", tmp_path / "stage", tmp_path / "out"
+    (device / ".dev").mkdir(parents=True)
+    out.mkdir()
+    shutil.copy(here / "cfg.json", device / "cfg.json")
+    shutil.copytree(here / ".dev" / "p1", device / ".dev" / "p1")
+    assert "smoke ok" in _sh(device, "stage1", STAGE=str(stage), **env)
+    shutil.rmtree(device / ".dev" / "p1")
+    shutil.copytree(here / ".dev" / "p2", device / ".dev" / "p2")
+    _sh(device, "train", "0.02", STAGE=str(stage), OUT=str(out), **env)
+
+    # call 2 rebuilt the base and the data byte for byte from the two parts
+    for rel in ("tinybase/base.safetensors", "data/sh/shards.json", "data/tok/tokenizer.json"):
+        assert (device / rel).read_bytes() == (here / rel).read_bytes(), rel
+    returned = sorted(p.name for p in out.iterdir())
+    assert {"block.log", "ar.log", "gpu-block.tar.aa", "gpu-ar.tar.aa"} <= set(returned), returned
+    assert all(p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
+
+    _sh(here, "unpack", str(out), **env)
+    for kind in ("block", "ar"):
+        best = here / "runs" / f"gpu-{kind}" / "best"
+        assert (best / "adapter.safetensors").stat().st_size > 0
+        assert (best / "base.safetensors").resolve() == (here / "tinybase" / "base.safetensors").resolve()
+        assert (best / "tokenizer.json").exists()
+        history = json.loads((here / "runs" / f"gpu-{kind}" / "history.json").read_text())
+        assert [h for h in history if "loss" in h], kind
+        assert json.loads((best / "metrics.json").read_text())["kind"] == kind
