@@ -155,10 +155,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 SHARED_BASE = PACKAGE_MODELS / "smollm2_base"
 ADAPTER_MAX_MB = 40.0
 
@@ -166,6 +162,9 @@ ADAPTER_MAX_MB = 40.0
 def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[dict]) -> str:
     steps = [h for h in history if "tokens" in h]
     last = steps[-1] if steps else {}
+    on_gpu = str(cfg.get("device", "cpu")).startswith("cuda")
+    recipe = "gpu-smollm2-block.json" if on_gpu else "cpu-smollm2-block.json"
+    where = "one GPU" if on_gpu else f"{cfg.get('threads', 1)} CPU thread(s)"
     what = (
         "one-block diffusion infill model: SPM prompt read causally, canvas of `<mask>` tokens denoised in"
         " parallel with bidirectional attention inside it, logits shifted by one (Dream-style)"
@@ -183,11 +182,11 @@ def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[
             f"- `adapter.safetensors`: LoRA r={cfg['lora_rank']} (alpha {cfg['lora_alpha']}) on every"
             " attention and MLP projection, plus the embeddings of the added `<fim_prefix>`, `<fim_suffix>`,"
             " `<fim_middle>` and `<mask>` tokens; merged into the base at load",
-            f"- trained by `dg-lsp train dg_lsp/training/configs/cpu-smollm2-block.json"
-            f"{' --kind ar' if kind == 'ar' else ''}` on the licensed corpus in"
-            " `dg_lsp/training/corpus_manifest.json`",
+            f"- trained by `dg-lsp train dg_lsp/training/configs/{recipe}"
+            f"{' --kind ar' if kind == 'ar' else ''}`{' (scripts/gpu-adapt.sh)' if on_gpu else ''} on the"
+            " licensed corpus in `dg_lsp/training/corpus_manifest.json`",
             f"- {last.get('step', '?')} steps x batch {cfg['batch_size']}, {last.get('tokens', 0) / 1e6:.2f}M"
-            f" tokens, {last.get('time', 0) / 60:.0f} min on {cfg.get('threads', 1)} CPU thread(s)",
+            f" tokens, {last.get('time', 0) / 60:.1f} min on {where}",
             f"- held-out loss at step {metrics['step']}: {metrics['valid_loss']:.4f}"
             f" ({'masked canvas CE, t on a fixed grid' if kind == 'block' else 'middle+EOS CE'})",
             "",
@@ -233,3 +232,7 @@ def ship_adapted(run: Path, dest: Path, which: str = "best", prompt_tokens: int 
     (dest / "README.md").write_text(_adapted_card(run, metrics, kind, cfg, history))
     print(f"shipped {src} -> {dest} (adapter {size_mb:.1f} MB, held-out {metrics['valid_loss']:.4f})")
     return dest
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
