@@ -9,7 +9,7 @@
 #
 #   here:    dg-lsp train CFG --pretokenize data/shards-smollm2-block --examples 150016 --shard-mb 20
 #            scripts/gpu-adapt.sh pack        # .dev/p1 (base part 1), .dev/p2 (base part 2 + data)
-#            scripts/gpu-adapt.sh aside       # the tracked 5M models and results (31 MB) leave the tree
+#            scripts/gpu-adapt.sh aside       # the tracked models and results (169 MB) leave the tree
 #   call 1:  device run, carry [".dev/p1"]:  bash scripts/gpu-adapt.sh stage1       (~50 s + the start)
 #   call 2:  device run, carry [".dev/p2"]:  bash scripts/gpu-adapt.sh train MINUTES  (MINUTES + ~40 s)
 #   here:    scripts/gpu-adapt.sh back; scripts/gpu-adapt.sh unpack FILES_AT   # runs/gpu-block, runs/gpu-ar
@@ -20,7 +20,8 @@ CFG=${CFG:-dg_lsp/training/configs/gpu-smollm2-block.json}
 STAGE=${STAGE:-/tmp/dg-stage}
 DEVICE=${DEVICE:-cuda}
 ASIDE=${ASIDE:-/tmp/dg-aside}
-BIG=(dg_lsp/models/embedded dg_lsp/models/ar_twin benchmarks/results)
+BIG=(dg_lsp/models/embedded dg_lsp/models/ar_twin dg_lsp/models/embedded_smollm2 dg_lsp/models/ar_twin_smollm2
+  dg_lsp/models/smollm2_base benchmarks/results)
 PY=${PYTHON:-python3}
 
 # the config's paths, resolved as dg_lsp.training.adapt does: base file, tokenizer dir, shards, corpus
