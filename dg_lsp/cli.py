@@ -78,7 +78,10 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     # SUPPRESS: a flag given before the subcommand must not be reset by the subparser's default.
     quiet = argparse.SUPPRESS
     p.add_argument(
-        "--model", default=quiet, help="'embedded' (default), a model directory, or remote:http://host:port"
+        "--model",
+        default=quiet,
+        help="'embedded' (default, 5M), 'embedded-smollm2' (135M: better code, slower), a model directory, "
+        "or remote:http://host:port",
     )
     p.add_argument("--backend", default=quiet, help="auto | diffusion-gemma | masked | ar | remote")
     p.add_argument("--device", default=quiet, help="auto | cpu | cuda | cuda:N")
