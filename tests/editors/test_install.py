@@ -38,6 +38,11 @@ def test_the_wheel_carries_the_embedded_model_and_the_example(tmp_path: Path) ->
                 assert path in names, path
                 local = REPO / path
                 assert archive.getinfo(path).file_size == local.stat().st_size, path  # not an LFS pointer
+        adapted = ("config.json", "adapter.safetensors", "tokenizer.json", "tokenizer_config.json")
+        shipped = [f"dg_lsp/models/{m}/{n}" for m in ("embedded_smollm2", "ar_twin_smollm2") for n in adapted]
+        for path in [*shipped, "dg_lsp/models/smollm2_base/base.safetensors"]:  # model = embedded-smollm2
+            assert path in names, path
+            assert archive.getinfo(path).file_size == (REPO / path).stat().st_size, path
         assert "dg_lsp/examples/stack.py" in names
         assert any(n.endswith("entry_points.txt") for n in names)
         entry_points = archive.read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
