@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 PACKAGE_MODELS = Path(__file__).resolve().parent.parent / "models"
+SHARED_BASE = PACKAGE_MODELS / "smollm2_base"
+ADAPTER_MAX_MB = 40.0
 MAX_MB = 25.0
 
 
@@ -147,16 +149,25 @@ def main(argv: list[str] | None = None) -> int:
         default="best",
         help="the run's export to ship: best (lowest held-out loss), step-N, final...",
     )
+    ap.add_argument(
+        "--shared-base",
+        type=Path,
+        default=SHARED_BASE,
+        help="LoRA runs: the folder of the base every adapted model shares (default: the package's)",
+    )
+    ap.add_argument(
+        "--replace-base",
+        action="store_true",
+        help="LoRA runs: replace a shared base that differs from the run's (every model over it changes)",
+    )
     args = ap.parse_args(argv)
-    if json.loads((args.run / "config.json").read_text()).get("base"):
-        ship_adapted(args.run, args.dest, args.which, args.prompt_tokens or 384)  # LoRA over a base
+    if json.loads((args.run / "config.json").read_text()).get("base"):  # LoRA over a base
+        ship_adapted(
+            args.run, args.dest, args.which, args.prompt_tokens or 384, args.shared_base, args.replace_base
+        )
         return 0
     ship(args.run, args.dest, args.force, args.prompt_tokens, args.which)
     return 0
-
-
-SHARED_BASE = PACKAGE_MODELS / "smollm2_base"
-ADAPTER_MAX_MB = 40.0
 
 
 def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[dict]) -> str:
@@ -196,19 +207,36 @@ def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[
     )
 
 
-def ship_adapted(run: Path, dest: Path, which: str = "best", prompt_tokens: int = 384) -> Path:
+def ship_adapted(
+    run: Path,
+    dest: Path,
+    which: str = "best",
+    prompt_tokens: int = 384,
+    shared_base: Path = SHARED_BASE,
+    replace_base: bool = False,
+) -> Path:
     """Ship a LoRA run (`dg_lsp/training/adapt.py`): the packed base once into `models/smollm2_base/`,
-    the fp16 adapter, tokenizer and config into `dest`."""
+    the fp16 adapter, tokenizer and config into `dest`.
+
+    The base is shared: every shipped adapter was trained against it, so a run over another base refuses
+    to replace it unless `replace_base` says every model over it is meant to change."""
     import filecmp
+    import os
 
     src = run / which
     config = json.loads((src / "config.json").read_text())
     metrics = json.loads((src / "metrics.json").read_text())
     kind = metrics.get("kind", "block")
     base = Path(config.pop("dg_lsp_base_file", src / "base.safetensors"))
-    SHARED_BASE.mkdir(parents=True, exist_ok=True)
-    shared = SHARED_BASE / "base.safetensors"
-    if not shared.exists() or not filecmp.cmp(base, shared, shallow=False):
+    shared_base.mkdir(parents=True, exist_ok=True)
+    shared = shared_base / "base.safetensors"
+    differs = shared.exists() and not filecmp.cmp(base, shared, shallow=False)
+    if differs and not replace_base:
+        raise SystemExit(
+            f"not shipped: the run's base {base} differs from the shared {shared}, which the models already "
+            "shipped over it were trained against; --replace-base replaces it for all of them"
+        )
+    if differs or not shared.exists():
         shutil.copyfile(base, shared)
     dest.mkdir(parents=True, exist_ok=True)
     for p in dest.iterdir():
@@ -222,7 +250,7 @@ def ship_adapted(run: Path, dest: Path, which: str = "best", prompt_tokens: int 
     size_mb = (dest / "adapter.safetensors").stat().st_size / 2**20
     if size_mb > ADAPTER_MAX_MB:
         raise SystemExit(f"adapter is {size_mb:.1f} MB > {ADAPTER_MAX_MB} MB: not shippable")
-    config["dg_lsp_base"] = "../smollm2_base/base.safetensors"
+    config["dg_lsp_base"] = Path(os.path.relpath(shared.resolve(), dest.resolve())).as_posix()
     (dest / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     (dest / "metrics.json").write_text(json.dumps(metrics) + "\n")
     cfg = json.loads((run / "config.json").read_text())

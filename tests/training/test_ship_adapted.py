@@ -1,0 +1,89 @@
+"""`python -m dg_lsp.training.ship RUN` on a LoRA run, as a maintainer ships one: the adapter goes into the
+model folder, the base once into the shared folder, and a run over another base cannot silently replace
+the base the models already shipped were trained against."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dg_lsp.training.train import main as train_main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    from dg_lsp.models.tiny import _SAMPLE_CODE
+    from dg_lsp.models.tiny_extra import make_tiny_packed_base
+
+    root = tmp_path_factory.mktemp("ship")
+    base = make_tiny_packed_base(root / "base")
+    (root / "corpus").mkdir()
+    for split in ("train", "valid"):
+        docs = [
+            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
+            for i in range(4)
+        ]
+        (root / "corpus" / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    cfg = {
+        "kind": "block",
+        "base": str(base),
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "model": {"canvas_buckets": [8, 16]},
+        "data": {"corpus": str(root / "corpus"), "tokenizer": str(root / "tok"), "context_tokens": [32],
+                 "valid_samples": 8},
+        "batch_size": 4,
+        "warmup_steps": 1,
+        "max_steps": 2,
+        "eval_every": 2,
+        "save_every": 2,
+    }  # fmt: skip
+    (root / "cfg.json").write_text(json.dumps(cfg))
+    assert train_main([str(root / "cfg.json"), "--out", str(root / "run"), "--no-progress"]) == 0
+    return root
+
+
+def _ship(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dg_lsp.training.ship", str(run_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_ship_puts_the_adapter_beside_one_shared_base(run: Path, tmp_path: Path):
+    dest, shared = tmp_path / "models" / "mine", tmp_path / "models" / "base"
+    out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (shared / "base.safetensors").read_bytes() == (run / "base" / "base.safetensors").read_bytes()
+    assert {p.name for p in dest.iterdir()} >= {
+        "adapter.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "README.md",
+    }
+    config = json.loads((dest / "config.json").read_text())
+    assert config["dg_lsp_base"] == "../base/base.safetensors" and "dg_lsp_base_file" not in config
+    assert (dest / config["dg_lsp_base"]).resolve() == (shared / "base.safetensors").resolve()
+
+
+def test_a_run_over_another_base_does_not_replace_the_shared_one(run: Path, tmp_path: Path):
+    dest, shared = tmp_path / "mine", tmp_path / "base"
+    shared.mkdir()
+    (shared / "base.safetensors").write_bytes(b"the base other shipped adapters were trained against")
+    out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared))
+    assert out.returncode != 0 and "--replace-base" in out.stderr, out.stderr[-2000:]
+    assert (shared / "base.safetensors").read_bytes().startswith(b"the base other")
+    assert not dest.exists()
+    out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared), "--replace-base")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (shared / "base.safetensors").read_bytes() == (run / "base" / "base.safetensors").read_bytes()
