@@ -65,16 +65,11 @@ stage1)
   PYTHONPATH=${PYTHONPATH:-.} "$PY" - <<'EOF'
 import json, os, tempfile
 from pathlib import Path
-from dg_lsp.models.tiny import _SAMPLE_CODE
-from dg_lsp.models.tiny_extra import make_tiny_packed_base
+from dg_lsp.models.tiny_extra import make_tiny_packed_base, write_tiny_corpus
 from dg_lsp.training.train import main
 root = Path(tempfile.mkdtemp())
 base = make_tiny_packed_base(root / "base")
-(root / "corpus").mkdir()
-for split in ("train", "valid"):
-    docs = [{"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
-            for i in range(4)]
-    (root / "corpus" / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+write_tiny_corpus(root / "corpus")
 cfg = {"kind": "block", "base": str(base), "lora_rank": 4, "lora_alpha": 8, "model": {"canvas_buckets": [8, 16]},
        "data": {"corpus": str(root / "corpus"), "tokenizer": str(root / "tok"), "context_tokens": [32, 48],
                 "valid_samples": 8}, "batch_size": 4, "warmup_steps": 1, "max_steps": 3, "eval_every": 3,

@@ -147,3 +147,19 @@ def make_tiny_packed_base(path: str | Path, seed: int = 0) -> Path:
     pack_state_dict(config, model.state_dict(), path / "base.safetensors")
     tokenizer.save_pretrained(path)
     return path
+
+
+def write_tiny_corpus(path: str | Path) -> Path:
+    """A corpus folder (`train.jsonl`, `valid.jsonl`, 4 small Python files each) in `dg_lsp.training.corpus`'s
+    format, for the adaptation tests and the GPU recipe's smoke run over `make_tiny_packed_base`."""
+    import json
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid"):
+        docs = [
+            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
+            for i in range(4)
+        ]
+        (path / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return path

@@ -40,20 +40,12 @@ def _sh(cwd: Path, *args: str, **env: str) -> str:
 
 
 def test_pack_two_calls_and_unpack_round_trip(tmp_path):
-    from dg_lsp.models.tiny import _SAMPLE_CODE
-    from dg_lsp.models.tiny_extra import make_tiny_packed_base
+    from dg_lsp.models.tiny_extra import make_tiny_packed_base, write_tiny_corpus
 
     here = tmp_path / "here"
     (here / ".git" / "info").mkdir(parents=True)
     make_tiny_packed_base(here / "tinybase")
-    corpus = here / "data" / "corpus"
-    corpus.mkdir(parents=True)
-    for split in ("train", "valid"):
-        docs = [
-            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
-            for i in range(4)
-        ]
-        (corpus / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    write_tiny_corpus(here / "data" / "corpus")
     cfg = {
         "kind": "block",
         "base": "tinybase",

@@ -19,18 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
-    from dg_lsp.models.tiny import _SAMPLE_CODE
-    from dg_lsp.models.tiny_extra import make_tiny_packed_base
+    from dg_lsp.models.tiny_extra import make_tiny_packed_base, write_tiny_corpus
 
     root = tmp_path_factory.mktemp("ship")
     base = make_tiny_packed_base(root / "base")
-    (root / "corpus").mkdir()
-    for split in ("train", "valid"):
-        docs = [
-            {"path": f"{split}{i}.py", "package": "t", "lang": "python", "text": _SAMPLE_CODE * (i + 2)}
-            for i in range(4)
-        ]
-        (root / "corpus" / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    write_tiny_corpus(root / "corpus")
     cfg = {
         "kind": "block",
         "base": str(base),
