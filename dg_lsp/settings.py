@@ -259,6 +259,7 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "format": lambda v: _one_of(v, ("auto", "bos", "plain", "dreamon", "chat")),
     "native_family": _optional(lambda v: _one_of(v, ("dream", "llada"))),
     "expand_start": lambda v: whole_number(v, 1, 1024),
+    "speculate": lambda v: whole_number(v, 0, 16),
 }
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""
 

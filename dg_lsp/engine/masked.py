@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from dg_lsp.engine import commit as commit_rules
-from dg_lsp.engine import infill_format, layouts, lean, sampler
+from dg_lsp.engine import infill_format, layouts, lean, sampler, speculative
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
@@ -118,6 +118,11 @@ class MaskedSamplerConfig:
     relatives whose own code cannot run here (the load error names the family to try)."""
     expand_start: int = 8
     """`dreamon` format: masks the canvas starts with; it grows to the request's length at most."""
+    speculate: int = 0
+    """Self-speculative denoising (`dg_lsp/engine/speculative.py`): each pass also verifies the next
+    `speculate - 1` sampler steps, drafted from the previous pass's predictions, in one batched pass,
+    and keeps those the sampler reproduces: the same completion in fewer passes. 0 or 1 = off. Used for
+    a single candidate with the dual cache and no blocks or context refreshes; otherwise ignored."""
 
     @classmethod
     def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
@@ -302,6 +307,7 @@ class MaskedDiffusionEngine(LocalEngine):
             "format": self.format,
             **({"native_family": self.family} if self.family else {}),
             **({"variant": self.variant} if self.variant else {}),
+            **({"speculate": str(self.cfg.speculate)} if self.cfg.speculate > 1 else {}),
             **({} if self.dual_on() else {"dual_cache_off": self.dual_cache_off()}),
         }
 
@@ -454,6 +460,11 @@ class MaskedDiffusionEngine(LocalEngine):
         reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
+        if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
+            logp = self._speculate(request, check, stats, x, start, length, masked, steps, rules, stops,
+                                   stop_tensor, blank_start, tail, doc, reuse)  # fmt: skip
+            logp_sum, logp_n = logp
+            steps = 0  # decoded: the step-by-step loop below has nothing left to do
         with torch.inference_mode():
             for step in range(steps):
                 check()
@@ -524,6 +535,86 @@ class MaskedDiffusionEngine(LocalEngine):
             cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
+
+    def _speculate(
+        self, request, check, stats, x, start, length, masked, steps, rules, stops, stop_tensor, blank_start,
+        tail, doc, reuse,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`_generate`'s step loop for one row, several steps per pass (`speculative.py`): passes are
+        planned as that loop plans them (a full pass first and whenever the tail window is outgrown,
+        windowed passes against the cached context otherwise), so every state it keeps is one that loop
+        reaches. Writes the result into `x`; returns (summed log-probability, tokens committed)."""
+        cfg = self.cfg
+        span = slice(start, start + length)
+        shift = int(self.shift)
+
+        def advance(logits: torch.Tensor, st: speculative.State):
+            canvas, left = st.canvas.clone(), st.masked.clone()
+            w = logits.shape[-2]
+            done = denoise_step(
+                cfg, rules, logits.clone(), canvas, left, stops, stop_tensor, self.fill_id,
+                StepPlan(st.step, steps, steps - st.step), blank_start=blank_start,
+                window_end=w if w < length else None,
+            )  # fmt: skip
+            return speculative.State(canvas, left, st.step + 1), done
+
+        def needs_full_pass(st: speculative.State) -> bool:
+            return tail is not None and tail.end is not None and sampler.outgrown(st.masked, tail.end)
+
+        logp_sum = torch.zeros(1, device=self.device)
+        logp_n = torch.zeros(1, device=self.device)
+        st = speculative.State(x[:, span].clone(), masked.clone(), 0)
+        ctx, src = None, None
+        with torch.inference_mode():
+            while not st.finished and st.step < steps:
+                check()
+                t0 = time.perf_counter()
+                full = ctx is None
+                if full:
+                    x[:, span] = st.canvas
+                    self._last_full = None
+                    first_doc = doc if st.step == 0 else (None, 0)
+                    lg, ctx = self._canvas_logits(x, start, length, None, False, first_doc)
+                    if st.step == 0 and self._last_full is not None:
+                        stats.reused_prompt_tokens = min(doc[1], start - shift)
+                        if reuse and request.doc_key is not None:
+                            snap = _row0_snapshot(self._last_full, x[0].tolist())
+                            self.prompt_cache.put(request.doc_key, snap)
+                    chain, rows = [], [st]
+                    self.last_windows.append(length)
+                else:
+                    chain = speculative.draft(advance, src, st, cfg.speculate - 1, steps, needs_full_pass)
+                    # finished states and those at the step cap take no step, so need no logits
+                    rows = [st, *(c for c in chain if not c.finished and c.step < steps)]
+                    xb = x[:1].repeat(len(rows), 1)
+                    for i, row in enumerate(rows):
+                        xb[i, span] = row.canvas[0]
+                    n = len(rows)
+                    ctx_b = [(k.expand(n, -1, -1, -1), v.expand(n, -1, -1, -1)) for k, v in ctx]
+                    window = tail.window() if tail is not None else None
+                    lg, _ = self._canvas_logits(xb, start, length, ctx_b, False, (None, 0), window, pad=False)
+                    self.last_windows.append(lg.shape[1])
+                stats.forward_passes += 1
+                per_row = [lg[i : i + 1].float() for i in range(len(rows))]
+                taken, src = speculative.walk(advance, st, per_row, chain)
+                for _, done in taken:
+                    logp_sum += done.logp_gain
+                    logp_n += done.commit.sum(dim=-1)
+                self.last_commits.append(sum(int(done.commit[0].sum()) for _, done in taken))
+                if full and tail is not None:
+                    first, done = taken[0]
+                    if tail.after_full_pass(first.canvas, first.masked, done.pred, stop_tensor) is not None:
+                        ctx = context_outside(self._last_full, start - shift, start + tail.end)
+                st = taken[-1][0]
+                if not full and tail is not None and tail.outgrew(st.masked):
+                    ctx = None  # a full pass next, then a new window
+                step_ms = (time.perf_counter() - t0) * 1000 / len(taken)
+                prev = self.ms_per_step
+                self.ms_per_step = step_ms if prev is None else 0.7 * prev + 0.3 * step_ms
+        x[:, span] = st.canvas
+        masked.copy_(st.masked)
+        stats.early_exit = st.finished and st.step < steps
+        return logp_sum, logp_n
 
     def _generate_variable(self, request: InfillRequest, check, stats: InfillStats) -> list[Candidate]:
         """The `dreamon` format: the canvas starts at `expand_start` masks and each step's commits may grow

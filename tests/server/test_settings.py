@@ -35,7 +35,17 @@ json_values = st.recursive(
     max_leaves=8,
 )
 masked_keys = st.sampled_from(
-    ["buckets", "threshold", "minTokens", "blockLength", "confidence", "steps", "temperature", "dualCache"]
+    [
+        "buckets",
+        "threshold",
+        "minTokens",
+        "blockLength",
+        "confidence",
+        "steps",
+        "temperature",
+        "dualCache",
+        "speculate",
+    ]
 )
 
 
