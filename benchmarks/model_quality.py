@@ -259,11 +259,17 @@ def backend_of(model_dir: str) -> str:
 
 
 def _load_engine(
-    kind: str, model_dir: str, prompt_tokens: int, steps: int, masked: dict | None = None, dtype: str = "auto"
+    kind: str,
+    model_dir: str,
+    prompt_tokens: int,
+    steps: int,
+    masked: dict | None = None,
+    dtype: str = "auto",
+    threads: int = 1,
 ):
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     if kind == "masked":
         from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
 
@@ -335,7 +341,13 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
     from dg_lsp.engine.types import InfillRequest
 
     engine = _load_engine(
-        kind, model_dir, args["prompt_tokens"], args["steps"], args.get("masked"), args.get("dtype", "auto")
+        kind,
+        model_dir,
+        args["prompt_tokens"],
+        args["steps"],
+        args.get("masked"),
+        args.get("dtype", "auto"),
+        args.get("threads", 1),
     )
     info = engine.describe()
     outcomes = []
@@ -451,7 +463,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         f"Command: `python {' '.join(sys.argv)}`",
         "",
         f"Date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}; machine: {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores ({args.workers} models at a time, 1 thread each), "
+        f"{os.cpu_count()} CPU cores ({args.workers} models at a time, {args.threads} thread(s) each), "
         f"torch {torch.__version__}, transformers {transformers.__version__}; wall {wall / 60:.1f} min.",
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
@@ -465,6 +477,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
             else "Scored on the engine's raw first candidate. "
         )
         + (f"Masked sampler options: `{' '.join(args.masked)}`. " if args.masked else "")
+        + "".join(f"For `{m.rpartition(':')[0]}` also `{m.rpartition(':')[2]}`. " for m in args.model_masked)
         + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
         + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
         + f"HumanEval single-line every {args.single_every}th task, "
@@ -524,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         help="a model to score (repeatable; backend read from DIR/config.json); "
         "default: the embedded model and dg_lsp/models/ar_twin",
     )
-    ap.add_argument("--workers", type=int, default=2, help="models scored in parallel, 1 thread each")
+    ap.add_argument("--workers", type=int, default=2, help="models scored in parallel, --threads each")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per model (the threads setting)")
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--spans", type=int, default=200)
     ap.add_argument("--single-every", type=int, default=5)
@@ -554,6 +568,14 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="masked sampler option, as the `masked.*` setting (e.g. blockLength=8, threshold=0.8)",
+    )
+    ap.add_argument(
+        "--model-masked",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE",
+        help="a masked sampler option for the model named NAME alone, on top of --masked (e.g. "
+        "'diffusion, speculative:speculate=2' next to the same DIR under another name)",
     )
     ap.add_argument(
         "--tasks-tokenizer",
@@ -589,11 +611,20 @@ def main(argv: list[str] | None = None) -> int:
         "through": args.through,
         "candidates": args.candidates,
         "dtype": args.dtype,
+        "threads": args.threads,
         "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
+    per_model = {name: {**opts, "masked": dict(opts["masked"])} for name in models}
+    for spec in args.model_masked:
+        name, _, option = spec.rpartition(":")
+        if name not in models or "=" not in option:
+            ap.error(f"--model-masked {spec!r}: expected NAME:KEY=VALUE with NAME one of {sorted(models)}")
+        key, value = option.split("=", 1)
+        per_model[name]["masked"][key] = _option_value(value)
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
-            name: pool.submit(evaluate_model, backend_of(d), d, tasks, opts) for name, d in models.items()
+            name: pool.submit(evaluate_model, backend_of(d), d, tasks, per_model[name])
+            for name, d in models.items()
         }
         results = {name: f.result() for name, f in futures.items()}
     summaries = {name: r[0] for name, r in results.items()}
