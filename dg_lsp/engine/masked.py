@@ -461,9 +461,10 @@ class MaskedDiffusionEngine(LocalEngine):
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
         if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
-            logp = self._speculate(request, check, stats, x, start, length, masked, steps, rules, stops,
-                                   stop_tensor, blank_start, tail, doc, reuse)  # fmt: skip
-            logp_sum, logp_n = logp
+            logp_sum, logp_n = self._speculate(
+                request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
+                blank_start, tail, doc, reuse,
+            )  # fmt: skip
             steps = 0  # decoded: the step-by-step loop below has nothing left to do
         with torch.inference_mode():
             for step in range(steps):
@@ -484,9 +485,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 full_pass = self._last_full is not None
                 self.last_windows.append(length if full_pass or window is None else window[1] - window[0])
                 if step == 0 and full_pass:
-                    stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
-                    if reuse and request.doc_key is not None:
-                        self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
+                    self._after_first_pass(stats, request, ids, start, doc, reuse)
                 stats.forward_passes += 1
                 plan, region = StepPlan(step, steps, steps - step), None
                 if blocks is not None:
@@ -518,10 +517,7 @@ class MaskedDiffusionEngine(LocalEngine):
                         ctx = context_outside(self._last_full, start - int(self.shift), start + tail.end)
                 elif tail is not None and tail.outgrew(masked):
                     ctx = None  # a full pass next, then a new window
-                step_ms = (time.perf_counter() - t0) * 1000
-                self.ms_per_step = (
-                    step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms
-                )
+                self._note_step_ms((time.perf_counter() - t0) * 1000)
                 if not masked.any():
                     stats.early_exit = step + 1 < steps
                     break
@@ -536,9 +532,20 @@ class MaskedDiffusionEngine(LocalEngine):
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
 
+    def _after_first_pass(self, stats, request, ids: list[int], start: int, doc, reuse: bool) -> None:
+        """A request's first full pass: count the prompt KV it took from the document's previous request,
+        and keep this prompt's KV for the next one."""
+        stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
+        if reuse and request.doc_key is not None:
+            self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
+
+    def _note_step_ms(self, ms: float) -> None:
+        """The running ms per denoising step that the latency budget's step cap reads."""
+        self.ms_per_step = ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * ms
+
     def _speculate(
-        self, request, check, stats, x, start, length, masked, steps, rules, stops, stop_tensor, blank_start,
-        tail, doc, reuse,
+        self, request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
+        blank_start, tail, doc, reuse,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """`_generate`'s step loop for one row, several steps per pass (`speculative.py`): passes are
         planned as that loop plans them (a full pass first and whenever the tail window is outgrown,
@@ -576,10 +583,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     first_doc = doc if st.step == 0 else (None, 0)
                     lg, ctx = self._canvas_logits(x, start, length, None, False, first_doc)
                     if st.step == 0 and self._last_full is not None:
-                        stats.reused_prompt_tokens = min(doc[1], start - shift)
-                        if reuse and request.doc_key is not None:
-                            snap = _row0_snapshot(self._last_full, x[0].tolist())
-                            self.prompt_cache.put(request.doc_key, snap)
+                        self._after_first_pass(stats, request, ids, start, doc, reuse)
                     chain, rows = [], [st]
                     self.last_windows.append(length)
                 else:
@@ -608,9 +612,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 st = taken[-1][0]
                 if not full and tail is not None and tail.outgrew(st.masked):
                     ctx = None  # a full pass next, then a new window
-                step_ms = (time.perf_counter() - t0) * 1000 / len(taken)
-                prev = self.ms_per_step
-                self.ms_per_step = step_ms if prev is None else 0.7 * prev + 0.3 * step_ms
+                self._note_step_ms((time.perf_counter() - t0) * 1000 / len(taken))
         x[:, span] = st.canvas
         masked.copy_(st.masked)
         stats.early_exit = st.finished and st.step < steps
@@ -702,10 +704,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     )
                     if row == 0:
                         self.last_lengths.append(len(canvas))
-                    step_ms = (time.perf_counter() - t0) * 1000
-                    self.ms_per_step = (
-                        step_ms if self.ms_per_step is None else 0.7 * self.ms_per_step + 0.3 * step_ms
-                    )
+                    self._note_step_ms((time.perf_counter() - t0) * 1000)
                 out = [t for t, mk in zip(canvas, masked, strict=True) if not mk]
                 new = sampler.trim_at_stop(out, stops | {self.mask_id, expand_id, delete_id})
                 new = new[: request.max_tokens]
