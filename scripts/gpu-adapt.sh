@@ -14,7 +14,14 @@
 #   call 2:  device run, carry [".dev/p2"]:  bash scripts/gpu-adapt.sh train MINUTES  (MINUTES + ~40 s)
 #   here:    scripts/gpu-adapt.sh back; scripts/gpu-adapt.sh unpack FILES_AT   # runs/gpu-block, runs/gpu-ar
 #
-# Environment: CFG (the config), DEVICE (cuda; cpu for a rehearsal), STAGE (where call 1 leaves its part).
+# Continued adaptation (the next lease adds to the adapters already shipped instead of starting from zero):
+# pack with INIT_BLOCK and INIT_AR naming the two model directories (e.g. dg_lsp/models/embedded_smollm2 and
+# dg_lsp/models/ar_twin_smollm2, trained over the config's base: checked here), which puts their adapters
+# (2 x 19.6 MB) in .dev/p3, and make one more call between the two:
+#   call 1b: device run, carry [".dev/p3"]:  bash scripts/gpu-adapt.sh stage2
+#
+# Environment: CFG (the config), DEVICE (cuda; cpu for a rehearsal), STAGE (where calls 1 and 1b leave
+# their parts), INIT_BLOCK / INIT_AR (pack: the adapters to continue from).
 set -euo pipefail
 CFG=${CFG:-dg_lsp/training/configs/gpu-smollm2-block.json}
 STAGE=${STAGE:-/tmp/dg-stage}
@@ -45,7 +52,29 @@ pack)
   find "$TOK_DIR" -maxdepth 1 -type f ! -name base.safetensors >.dev/files
   { echo "$CORPUS/valid.jsonl"; echo "$SHARDS"; } >>.dev/files
   tar -cf - -T .dev/files | xz -9 -T2 >.dev/p2/data.tar.xz  # one stream: long-range matches
-  du -b .dev/p1 .dev/p2
+  if [ -n "${INIT_BLOCK:-}${INIT_AR:-}" ]; then
+    mkdir -p .dev/p3
+    for k in block ar; do
+      var=INIT_${k^^}
+      from=${!var:?continued adaptation needs both INIT_BLOCK and INIT_AR}
+      mkdir -p ".dev/init/$k"
+      # the adapter means something only over the base it was trained on: the config's, byte for byte
+      "$PY" - "$from" "$BASE_FILE" ".dev/init/$k" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+from dg_lsp.models.block_llama import base_path
+src, base, dst = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+cfg = json.loads((src / "config.json").read_text())
+theirs = base_path(src, str(cfg.pop("dg_lsp_base", "base.safetensors")))
+if theirs.read_bytes() != base.read_bytes():
+    sys.exit(f"{src} was trained over {theirs}, not the config's base {base}")
+shutil.copy(src / "adapter.safetensors", dst / "adapter.safetensors")
+(dst / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")  # no base: the run brings its own
+EOF
+    done
+    tar -cf .dev/p3/init.tar -C .dev init && rm -rf .dev/init  # fp16 weights: xz would save ~7%
+  fi
+  du -b .dev/p?
   ;;
 aside)
   mkdir -p "$ASIDE"
@@ -84,16 +113,22 @@ for kind in ("block", "ar"):
 print("smoke ok")
 EOF
   ;;
+stage2)
+  mkdir -p "$STAGE" && cp .dev/p3/* "$STAGE"/
+  ;;
 train)
   minutes=${2:?minutes}
   mkdir -p "$(dirname "$BASE_FILE")"
   cat "$STAGE"/base.xz.aa .dev/p2/base.xz.a? | xz -d >"$BASE_FILE"
   xz -d <.dev/p2/data.tar.xz | tar -xf -
   export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1 DEVICE
+  if [ -f "$STAGE/init.tar" ]; then mkdir -p .dev && tar -xf "$STAGE/init.tar" -C .dev; fi  # continued
   # side by side on one GPU for the same wall clock; steps are not capped, so the clock ends both schedules
   for k in block ar; do
+    init=()
+    if [ -d ".dev/init/$k" ]; then init=(--init-adapter ".dev/init/$k"); fi
     "$PY" -m dg_lsp.training.train "$CFG" --kind "$k" --out "runs/gpu-$k" --max-minutes "$minutes" \
-      --max-steps 100000 --device "$DEVICE" --no-progress >"$OUT/$k.log" 2>&1 &
+      --max-steps 100000 --device "$DEVICE" --no-progress "${init[@]}" >"$OUT/$k.log" 2>&1 &
   done
   if command -v nvidia-smi >/dev/null; then
     (sleep 90 && nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv >"$OUT/smi.txt") &
@@ -118,7 +153,7 @@ unpack)
   ls runs/gpu-block/best runs/gpu-ar/best
   ;;
 *)
-  sed -n 2,17p "$0"
+  sed -n 2,24p "$0"
   exit 2
   ;;
 esac

@@ -125,21 +125,73 @@ def trainable(peft_model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
 
 
+def adapter_key(name: str) -> str:
+    """A trainable parameter's name in `adapter.safetensors`: the plain model's module names (what
+    `block_llama.merge_lora` reads), `added_embeddings` for the added tokens."""
+    if name.endswith("embed_tokens.added"):
+        return "added_embeddings"
+    # base_model.model.<module>.lora_A.default.weight -> <module>.lora_A
+    module, ab = name.removeprefix("base_model.model.").split(".lora_")
+    return f"{module}.lora_{ab.split('.')[0]}"
+
+
 def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
-    """LoRA pairs under the plain model's module names (what `block_llama.merge_lora` reads) and the added
-    embeddings."""
-    out = {}
-    for name, p in peft_model.named_parameters():
-        if not p.requires_grad:
-            continue
-        if name.endswith("embed_tokens.added"):
-            out["added_embeddings"] = p.detach().float().clone()
-            continue
-        # base_model.model.<module>.lora_A.default.weight -> <module>.lora_A
-        core = name.removeprefix("base_model.model.")
-        module, ab = core.split(".lora_")
-        out[f"{module}.lora_{ab.split('.')[0]}"] = p.detach().float().clone()
-    return out
+    """LoRA pairs and the added embeddings, as `adapter.safetensors` holds them."""
+    return {adapter_key(n): p.detach().float().clone() for n, p in trainable(peft_model).items()}
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    import filecmp
+
+    return a.resolve() == b.resolve() or filecmp.cmp(a, b, shallow=False)
+
+
+def load_init_adapter(
+    params: dict[str, torch.nn.Parameter], cfg: TrainConfig, kind: str, base_file: Path
+) -> Path:
+    """Copy `cfg.init_adapter`'s tensors into the trainable parameters. Refused (ValueError naming the
+    difference) unless it is an adapter of the same kind, LoRA rank and scale over the same modules of the
+    same base (byte for byte, when its model directory names one): anything else would start from an
+    adapter that means something else, or silently from zero."""
+    from safetensors import safe_open
+
+    path = Path(cfg.init_adapter).expanduser()
+    file = path / "adapter.safetensors" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"init_adapter: no adapter at {file}")
+    config_file = file.parent / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    want = "block" if kind == "block" else "spm"
+    if config.get("dg_lsp_layout", want) != want:
+        raise ValueError(
+            f"init_adapter: {file.parent} is a {config['dg_lsp_layout']!r} model; a {kind!r} run needs a "
+            f"{want!r} one"
+        )
+    if "dg_lsp_base" in config:
+        their_base = bl.base_path(file.parent, str(config["dg_lsp_base"]))
+        if not _same_file(their_base, base_file):
+            raise ValueError(f"init_adapter: {file.parent} was trained over {their_base}, not {base_file}")
+    with safe_open(str(file), framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    scale = cfg.lora_alpha / cfg.lora_rank
+    if meta.get("rank") != str(cfg.lora_rank) or float(meta.get("scale", "nan")) != scale:
+        raise ValueError(
+            f"init_adapter: {file} has LoRA rank {meta.get('rank')} and scale {meta.get('scale')}; this run "
+            f"trains rank {cfg.lora_rank}, scale {scale}"
+        )
+    keys = {adapter_key(n): n for n in params}
+    if set(tensors) != set(keys):
+        missing, extra = sorted(set(keys) - set(tensors)), sorted(set(tensors) - set(keys))
+        raise ValueError(
+            f"init_adapter: {file} does not match this model: missing {missing[:3]}, extra {extra[:3]}"
+        )
+    for key, name in keys.items():
+        if tensors[key].shape != params[name].shape:
+            shapes = tuple(tensors[key].shape), tuple(params[name].shape)
+            raise ValueError(f"init_adapter: {key} is {shapes[0]} in {file}, {shapes[1]} here")
+        params[name].data.copy_(tensors[key])
+    return file
 
 
 def export_adapter(
@@ -378,6 +430,8 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
             state[k] for k in ("step", "elapsed", "history", "best", "tokens")
         )
         print(f"resumed {out} at step {step} ({elapsed / 60:.1f} min)")
+    elif cfg.init_adapter:
+        print(f"starting from the adapter in {load_init_adapter(params, cfg, kind, base_file)}")
     n_train = sum(p.numel() for p in params.values())
     print(
         f"{kind}: {BASES.get(cfg.base, cfg.base)}, LoRA r={cfg.lora_rank}: {n_train / 1e6:.2f}M trainable,"
@@ -425,6 +479,8 @@ def run(cfg: TrainConfig, out: Path, resume: bool, progress: bool = True) -> int
             history.append({"step": step, "valid_loss": v, "time": time.perf_counter() - start})
             bar.write(f"step {step}: held-out {v:.4f} ({seen / 1e6:.2f}M tokens)")
             metrics = {"step": step, "valid_loss": v, "tokens": seen, "kind": kind}
+            if cfg.init_adapter:  # tokens counts this run's alone
+                metrics["init_adapter"] = cfg.init_adapter
             if v < best:
                 best = v
                 export_adapter(peft_model, cfg, out / "best", tok, config, metrics)

@@ -94,6 +94,11 @@ class TrainConfig:
     # transformers' attention kernel for the adapted base: "eager" trained the SmolLM2 block model and its
     # twin 8-15% faster than "sdpa" on this 2-core CPU (benchmarks/adapt_step.py); on a GPU sdpa is faster
     attention: str = "sdpa"
+    # continued adaptation: a model directory (or its adapter.safetensors) of the same kind, base and
+    # LoRA rank whose adapter this run starts from instead of zero (e.g. dg_lsp/models/embedded_smollm2),
+    # so a new GPU lease adds to the training already shipped; the result is again one adapter over the
+    # same base. Ignored when resuming (OUT/checkpoint.pt holds the run's own tensors)
+    init_adapter: str = ""
     device: str = "cpu"
 
     def __post_init__(self):

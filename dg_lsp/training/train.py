@@ -276,6 +276,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument("--logits-shift", action="store_true", help="masked kind: Dream-style shifted logits")
     ap.add_argument(
+        "--init-adapter",
+        help="a config with a base: start the LoRA adapter from this model directory's (e.g. the shipped "
+        "dg_lsp/models/embedded_smollm2) instead of zero; overrides the config's init_adapter",
+    )
+    ap.add_argument(
         "--pretokenize",
         type=Path,
         metavar="DIR",
@@ -303,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": args.threads,
             "device": args.device,
             "logits_shift": True if args.logits_shift else None,
+            "init_adapter": args.init_adapter,
         }.items()
         if v is not None
     }

@@ -156,6 +156,76 @@ def test_the_exported_adapter_merged_at_load_equals_the_trained_lora_model(tiny_
     assert loaded.model.embed_tokens.added.abs().sum() > 0
 
 
+def test_a_run_continues_from_a_shipped_adapter(tiny_adapted, tmp_path):
+    """`init_adapter`: the next GPU lease starts from the adapter already shipped, not from zero, and the
+    model it starts from computes what the shipped directory computes (merged at load, fp16 adapter)."""
+    from dg_lsp.training import adapt
+    from dg_lsp.training.config import config_from_dict
+    from dg_lsp.training.train import main as train_main
+
+    shipped = tiny_adapted["block"] / "last"
+    state = torch.load(tiny_adapted["block"] / "checkpoint.pt", weights_only=False)
+    cfg = config_from_dict({**state["config"], "init_adapter": str(shipped)})
+    tok = adapt.base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+    sp = adapt.special_ids(tok)
+    base = adapt.base_weights(cfg.base, Path(cfg.data.tokenizer))
+    peft_model, model = adapt.lora_model(cfg, base, "block", sp)
+    params = adapt.trainable(peft_model)
+    # LoRA starts at zero
+    assert all(float(p.detach().abs().sum()) == 0 for n, p in params.items() if "lora_B" in n)
+    adapt.load_init_adapter(params, cfg, "block", base)
+    ids = torch.tensor([[sp.suffix, 11, 12, sp.prefix, 13, 14, 15, sp.middle, sp.mask, sp.mask, 20]])
+    loaded = bl.load_block_model(shipped, dtype=torch.float32)
+    with torch.no_grad():
+        a, b = model.eval()(input_ids=ids).logits, loaded(input_ids=ids).logits
+    assert torch.allclose(a, b, atol=1e-4, rtol=0), float((a - b).abs().max())
+
+    # end to end: `dg-lsp train CFG --init-adapter DIR` trains on from it and says so in its metrics
+    run_cfg = tmp_path / "cfg.json"
+    run_cfg.write_text(json.dumps({**state["config"], "max_steps": 2, "eval_every": 2, "save_every": 2}))
+    out = tmp_path / "continued"
+    argv = [str(run_cfg), "--out", str(out), "--no-progress", "--init-adapter", str(shipped)]
+    assert train_main(argv) == 0
+    metrics = json.loads((out / "last" / "metrics.json").read_text())
+    assert metrics["init_adapter"] == str(shipped) and metrics["step"] == 2
+
+
+def test_init_adapter_refuses_an_adapter_that_means_something_else(tiny_adapted, tmp_path):
+    """Another kind, another LoRA rank or another base: a clear error, never a run that quietly starts
+    from an adapter the model cannot use."""
+    import dataclasses
+    import shutil
+
+    from dg_lsp.training import adapt
+    from dg_lsp.training.config import config_from_dict
+
+    state = torch.load(tiny_adapted["block"] / "checkpoint.pt", weights_only=False)
+    cfg = config_from_dict(state["config"])
+    tok = adapt.base_tokenizer(cfg.base, Path(cfg.data.tokenizer))
+    sp = adapt.special_ids(tok)
+    base = adapt.base_weights(cfg.base, Path(cfg.data.tokenizer))
+    params = adapt.trainable(adapt.lora_model(cfg, base, "block", sp)[0])
+
+    def load(init: Path, **changes):
+        adapt.load_init_adapter(
+            params, dataclasses.replace(cfg, init_adapter=str(init), **changes), "block", base
+        )
+
+    with pytest.raises(ValueError, match="'spm' model; a 'block' run"):
+        load(tiny_adapted["ar"] / "last")
+    with pytest.raises(ValueError, match=r"rank 4 .* this run trains rank 8"):
+        load(tiny_adapted["block"] / "last", lora_rank=8, lora_alpha=16)
+    with pytest.raises(ValueError, match="no adapter"):
+        load(tmp_path / "nowhere")
+    other = tmp_path / "other-base"
+    shutil.copytree(tiny_adapted["block"] / "last", other, symlinks=False)
+    data = bytearray((other / "base.safetensors").read_bytes())
+    data[-1] ^= 1  # one bit of another base
+    (other / "base.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="was trained over"):
+        load(other)
+
+
 def test_block_engine_canvas_passes_against_cached_prompt_keys_are_exact(tiny_adapted):
     """The prompt is causal, so its KV does not depend on the canvas: the dual cache's canvas-only passes
     equal full passes, and completions agree with the cache on or off."""

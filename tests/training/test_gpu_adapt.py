@@ -106,3 +106,44 @@ def test_pack_two_calls_and_unpack_round_trip(tmp_path):
         history = json.loads((here / "runs" / f"gpu-{kind}" / "history.json").read_text())
         assert [h for h in history if "loss" in h], kind
         assert json.loads((best / "metrics.json").read_text())["kind"] == kind
+
+    # the next lease continues from those adapters: a third part carries them, one more call stages it
+    (here / "runs" / "gpu-block").rename(here / "runs" / "shipped-block")
+    (here / "runs" / "gpu-ar").rename(here / "runs" / "shipped-ar")
+    init = {"INIT_BLOCK": "runs/shipped-block/best", "INIT_AR": "runs/shipped-ar/best"}
+    _sh(here, "pack", **env, **init)
+    assert sorted(p.name for p in (here / ".dev" / "p3").iterdir()) == ["init.tar"]
+    shutil.rmtree(device)
+    shutil.rmtree(stage)
+    shutil.rmtree(out)
+    (device / ".dev").mkdir(parents=True)
+    out.mkdir()
+    shutil.copy(here / "cfg.json", device / "cfg.json")
+    for part, call in (("p1", "stage1"), ("p3", "stage2")):
+        shutil.copytree(here / ".dev" / part, device / ".dev" / part)
+        _sh(device, call, STAGE=str(stage), **env)
+        shutil.rmtree(device / ".dev" / part)
+    shutil.copytree(here / ".dev" / "p2", device / ".dev" / "p2")
+    _sh(device, "train", "0.02", STAGE=str(stage), OUT=str(out), **env)
+    for kind in ("block", "ar"):
+        log = (out / f"{kind}.log").read_text()
+        assert f"starting from the adapter in .dev/init/{kind}/adapter.safetensors" in log, log[-2000:]
+        metrics = json.loads((device / "runs" / f"gpu-{kind}" / "last" / "metrics.json").read_text())
+        assert metrics["init_adapter"] == f".dev/init/{kind}"
+
+    # an adapter trained over another base is refused here, before a lease is spent on it
+    other = here / "runs" / "other-block"
+    shutil.copytree(here / "runs" / "shipped-block" / "best", other, symlinks=False)
+    data = bytearray((other / "base.safetensors").read_bytes())
+    data[-1] ^= 1
+    (other / "base.safetensors").write_bytes(bytes(data))
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "pack"],
+        cwd=here,
+        env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), **env, **init,
+             "INIT_BLOCK": "runs/other-block"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "was trained over" in proc.stderr, proc.stderr[-2000:]
