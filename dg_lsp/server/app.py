@@ -384,8 +384,9 @@ class DgLanguageServer(LanguageServer):
         if self.docs.version(uri) != version:
             return None
         log.info(
-            "%s %s span=%s %s",
+            "%s v%d %s span=%s %s",
             key,
+            version,
             "ok" if result.texts else f"empty ({result.skipped})",
             result.span_kind,
             result.stats.as_dict(),

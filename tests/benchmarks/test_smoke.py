@@ -51,6 +51,19 @@ def test_smoke_mode_writes_report(name, tmp_path):
     assert (tmp_path / f"{name}.png").stat().st_size > 1000
     assert (tmp_path / f"{name}.json").exists()
     assert "| --- |" in report  # a markdown table of figures was written
+    if name == "lsp_latency":
+        # every answered request is matched to the server's log line for its document version; the
+        # typed line's requests are answered by model runs (the cache needs a suggestion typed into)
+        raw = json.loads((tmp_path / f"{name}.json").read_text())
+        (summary,) = raw["summaries"].values()
+        assert (
+            1 <= summary["answered_model"]
+            and summary["answered_model"] + summary["answered_cache"] <= (summary["answered"])
+        )
+        (engine,) = raw["engine"].values()
+        assert (
+            engine["model_runs"] + engine["cache_hits"] == engine["completions"] >= summary["answered_model"]
+        )
 
 
 @pytest.mark.timeout(600)
