@@ -57,12 +57,13 @@ class AutoregressiveEngine(LocalEngine):
         raw = json.loads((self.model_dir / "config.json").read_text())
         try:  # a checkpoint's own code written for transformers 4.4x fails deep inside transformers 5
             trust = trust_remote_code
-            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
             self.layout = layouts.layout_of(raw)
             if self.layout in layouts.PACKED_LAYOUTS:
+                self.tokenizer = layouts.load_packed_tokenizer(self.model_dir)
                 packed = layouts.packed_dtype(self.device) if dtype == "auto" else kwargs["dtype"]
                 self.model = layouts.load_packed_model(self.model_dir, packed)
             else:
+                self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)
                 self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, **kwargs).eval()
         except Exception as exc:
             message = native.remote_code_failure(exc, raw, suggest=False) if trust_remote_code else None

@@ -30,7 +30,32 @@ def layout_of(config: dict) -> str:
 def load_packed_model(model_dir: Path, dtype: torch.dtype):
     from dg_lsp.models.block_llama import load_block_model
 
-    return load_block_model(model_dir, dtype=dtype)
+    model = load_block_model(model_dir, dtype=dtype)
+    release_freed_memory()
+    return model
+
+
+def release_freed_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc). Dequantizing the packed base goes through fp32
+    copies of every weight; freed, they stayed in the server's resident memory (1.3 GB after loading the
+    135M model in bf16, 0.6 GB once trimmed). Elsewhere a no-op."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def load_packed_tokenizer(model_dir: Path):
+    """The tokenizer of a packed model, read without its config.json: transformers would build a
+    LlamaConfig from it only to warn on every start that the added FIM and mask ids lie past the base
+    vocabulary, which they do on purpose (the adapter carries their embeddings)."""
+    from transformers import AutoTokenizer, PretrainedConfig
+
+    return AutoTokenizer.from_pretrained(model_dir, config=PretrainedConfig())
 
 
 def spm_ids(tokenizer, pre: list[int], suf: list[int]) -> list[int]:

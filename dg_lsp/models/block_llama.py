@@ -109,9 +109,16 @@ def _block_llama_class():
     return BlockDiffusionLlama
 
 
-def build_model(config: dict, state: dict[str, torch.Tensor], n_added: int, block: bool = True):
-    """The Llama from a config dict and fp32 base weights, with room for `n_added` special tokens; `block`
-    = the diffusion model, else the same network read causally (its AR twin)."""
+def build_model(
+    config: dict,
+    state: dict[str, torch.Tensor],
+    n_added: int,
+    block: bool = True,
+    dtype: torch.dtype = torch.float32,
+):
+    """The Llama from a config dict and base weights, with room for `n_added` special tokens; `block`
+    = the diffusion model, else the same network read causally (its AR twin). The parameters are
+    allocated in `dtype` alone (a bf16 model never holds an fp32 copy of itself)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     ours = {k for k in config if k.startswith("dg_lsp_") or k == "mask_token_id"}
@@ -120,9 +127,10 @@ def build_model(config: dict, state: dict[str, torch.Tensor], n_added: int, bloc
         cfg.__dict__[k] = config[k]
     cls = _block_llama_class() if block else LlamaForCausalLM
     with torch.device("meta"):
-        model = cls(cfg)
+        model = cls(cfg).to(dtype)
     model.to_empty(device="cpu")
-    model.model.rotary_emb = type(model.model.rotary_emb)(cfg)  # its inv_freq buffer is not in the weights
+    # its inv_freq buffer is not in the weights; in the model's dtype, as `Module.to` would leave it
+    model.model.rotary_emb = type(model.model.rotary_emb)(cfg).to(dtype)
     state = dict(state)
     state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     model.load_state_dict(state, strict=True)
@@ -131,14 +139,13 @@ def build_model(config: dict, state: dict[str, torch.Tensor], n_added: int, bloc
     return model.eval()
 
 
-def merge_lora(model, lora: dict[str, torch.Tensor], scale: float) -> None:
-    """W += scale * B @ A for every `NAME.lora_A` / `NAME.lora_B` pair (NAME = a Linear's module path)."""
-    modules = dict(model.named_modules())
+def merge_lora(state: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], scale: float) -> None:
+    """W += scale * B @ A for every `NAME.lora_A` / `NAME.lora_B` pair (NAME = a Linear's module path), on
+    the fp32 base weights before the model exists: the sum is rounded to the model's dtype once."""
     for key in [k for k in lora if k.endswith(".lora_A")]:
         name = key.removesuffix(".lora_A")
         a, b = lora[key].float(), lora[f"{name}.lora_B"].float()
-        weight = modules[name].weight
-        weight.data += (scale * (b @ a)).to(weight.dtype)
+        state[f"{name}.weight"] += scale * (b @ a)
 
 
 def base_path(model_dir: Path, name: str) -> Path:
@@ -173,8 +180,12 @@ def load_block_model(model_dir: str | Path, dtype: torch.dtype = torch.float32):
             lora = {k: f.get_tensor(k) for k in f.keys()}
     added = lora.pop("added_embeddings", None)
     n_added = len(ADDED_TOKENS) if added is None else added.shape[0]
-    model = build_model({**base_cfg, **config}, state, n_added, block=config.get("dg_lsp_layout") == "block")
-    merge_lora(model, lora, float(meta.get("scale", 1.0)))
+    merge_lora(state, lora, float(meta.get("scale", 1.0)))
+    for name in list(state):  # one tensor at a time: the fp32 copy of the whole model never coexists
+        state[name] = state[name].to(dtype)
+    block = config.get("dg_lsp_layout") == "block"
+    model = build_model({**base_cfg, **config}, state, n_added, block=block, dtype=dtype)
+    del state
     if added is not None:
         model.model.embed_tokens.added.data.copy_(added.float())
     return model.to(dtype).eval()
