@@ -192,13 +192,14 @@ def _first_model_dir(candidates: list[Path]) -> Path | None:
 
 
 def default_models(diffusion: str | None = None, ar: str | None = None) -> list[ModelSpec]:
-    """The embedded diffusion model and its AR twin: shipped copies first, then the training runs' best.
-    A model given by path is labelled with its path, so reports never call another model "embedded"."""
+    """The 5M diffusion model (`embedded-tiny`) and its AR twin: shipped copies first, then the training
+    runs' best. A model given by path is labelled with its path, so reports never call another model
+    "embedded"."""
     found = []
     d = _first_model_dir(
         [Path(diffusion)]
         if diffusion
-        else [ROOT / "dg_lsp/models/embedded", ROOT / "runs/dream-from-ar/best"]
+        else [ROOT / "dg_lsp/models/embedded_tiny", ROOT / "runs/dream-from-ar/best"]
     )
     if d:
         from dg_lsp.engine.loader import detect_backend

@@ -1,7 +1,7 @@
 """Engine speed: ms per denoising step, forward passes per token, tokens/s, cache and quantization effects.
 
 Runs every backend on local checkpoints. Masked diffusion and AR: the shipped models
-(`dg_lsp/models/embedded`, a Dream-style masked model, and `dg_lsp/models/ar_twin`) when present, else
+(`dg_lsp/models/embedded_tiny`, a Dream-style masked model, and `dg_lsp/models/ar_twin`) when present, else
 random models of the DiffusionGemma's width and depth. DiffusionGemma: a random model of the architecture
 embedded before the masked model (dg_lsp/training/configs/cpu-2h.json: same shapes, so the same cost per
 step; outputs are noise, so early exit and EOS never trigger). Prompts come from a real file (CPython's
@@ -31,7 +31,7 @@ import torch
 from dg_lsp.engine import quantization as quant
 from dg_lsp.engine.ar import AutoregressiveEngine
 from dg_lsp.engine.diffusion_gemma import DiffusionGemmaEngine
-from dg_lsp.engine.loader import EMBEDDED_DIR, detect_backend
+from dg_lsp.engine.loader import EMBEDDED_TINY_DIR, detect_backend
 from dg_lsp.engine.masked import MaskedDiffusionEngine
 from dg_lsp.engine.types import InfillRequest
 
@@ -359,8 +359,8 @@ def main() -> None:
     dirs = embedded_shaped(tmp, text)
     dg_dir, dg_label = dirs["dg"], "random model with the architecture embedded before (cpu-2h.json)"
     masked_dir, masked_label = dirs["masked"], "random bidirectional Gemma3 of the same width/depth"
-    if _backend(EMBEDDED_DIR) == "masked":
-        masked_dir, masked_label = EMBEDDED_DIR, "the embedded model (trained, Dream-style)"
+    if _backend(EMBEDDED_TINY_DIR) == "masked":
+        masked_dir, masked_label = EMBEDDED_TINY_DIR, "the 5M embedded-tiny model (trained, Dream-style)"
     causal_dir, ar_label = dirs["ar"], "random causal twin of the DiffusionGemma (Gemma4ForCausalLM)"
     if _backend(AR_TWIN_DIR) == "ar":
         causal_dir, ar_label = AR_TWIN_DIR, "the embedded model's AR twin (trained)"

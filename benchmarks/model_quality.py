@@ -97,7 +97,7 @@ class Summary:
 
 
 def _first_model_dir(args) -> str:
-    return (args.model or ["=dg_lsp/models/embedded"])[0].rsplit("=", 1)[-1]
+    return (args.model or ["=dg_lsp/models/embedded_tiny"])[0].rsplit("=", 1)[-1]
 
 
 def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:
@@ -271,12 +271,13 @@ def _load_engine(
 
     torch.set_num_threads(threads)
     if kind == "masked":
-        from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+        from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig, model_sampler_defaults
 
+        defaults = model_sampler_defaults(json.loads((Path(model_dir) / "config.json").read_text()))
         engine = MaskedDiffusionEngine(
             model_dir,
             max_prompt_tokens=prompt_tokens,
-            sampler=MaskedSamplerConfig.from_options(masked or {}, steps=steps),
+            sampler=MaskedSamplerConfig.from_options(masked or {}, steps=steps, model_defaults=defaults),
             use_continuation_cache=False,
             dtype=dtype,
         )
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     specs = args.model or [
-        f"diffusion={ROOT / 'dg_lsp/models/embedded'}",
+        f"diffusion={ROOT / 'dg_lsp/models/embedded_tiny'}",
         f"AR twin={ROOT / 'dg_lsp/models/ar_twin'}",
     ]
     models = dict(spec.rsplit("=", 1) for spec in specs)

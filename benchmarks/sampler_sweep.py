@@ -82,7 +82,7 @@ def _plot(results: dict[str, dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(common.ROOT / "dg_lsp/models/embedded"))
+    ap.add_argument("--model", default=str(common.ROOT / "dg_lsp/models/embedded_tiny"))
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument(
         "--setting",
@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             f"(1 thread, {args.parallel} settings at a time) on the same tasks: {args.spans} held-out spans, "
             f"HumanEval-infilling single-line every {args.single_every}th task, multi-line every "
             f"{args.multi_every}th, random-span-light every {args.light_every}th; at most {args.steps} "
-            "denoising steps, seed 0, one candidate. `default` is the sampler as it ships (whole canvas at "
-            "once, max-probability confidence, threshold 0.9 plus the step quota). Metrics as in "
+            "denoising steps, seed 0, one candidate. `default` is the sampler as it ships for this model "
+            "(whole canvas at once, max-probability confidence, threshold 0.9 plus the step quota, under the "
+            "model's own `dg_lsp_sampler` in config.json where it has one). Metrics as in "
             "model_quality.md; percentages except mean_forward_passes."
         ),
     )

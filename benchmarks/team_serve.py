@@ -43,7 +43,7 @@ SOURCES = [
     "dg_lsp/settings.py",
     "dg_lsp/engine/commit.py",
 ]
-MODELS = {"diffusion": "dg_lsp/models/embedded", "ar-twin": "dg_lsp/models/ar_twin"}
+MODELS = {"diffusion": "dg_lsp/models/embedded_tiny", "ar-twin": "dg_lsp/models/ar_twin"}
 
 
 def _free_port() -> int:

@@ -80,8 +80,8 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=quiet,
-        help="'embedded' (default, 5M), 'embedded-smollm2' (135M: better code, slower), a model directory, "
-        "or remote:http://host:port",
+        help="'embedded' (default: SmolLM2-135M adapted to diffusion infill), 'embedded-tiny' (5M: fast, "
+        "rarely right), a model directory, or remote:http://host:port",
     )
     p.add_argument("--backend", default=quiet, help="auto | diffusion-gemma | masked | ar | remote")
     p.add_argument("--device", default=quiet, help="auto | cpu | cuda | cuda:N")

@@ -51,8 +51,9 @@ CONFIDENCE_KINDS = ("max_prob", "margin", "entropy", "leftmost")
 @dataclass(frozen=True)
 class Settings:
     model: str = "embedded"
-    """`embedded` (ships with dg-lsp: the 5M model), `embedded-smollm2` (ships too: 135M, better code, ~3x
-    slower on a CPU), a local model directory, or `remote:http://host:port`."""
+    """`embedded` (ships with dg-lsp: SmolLM2-135M adapted into a diffusion infill model; `embedded-smollm2`
+    is the same), `embedded-tiny` (ships too: the 5M model, several times faster, rarely right), a local
+    model directory, or `remote:http://host:port`."""
     backend: str = "auto"
     """`auto` (read from the model's config), `diffusion-gemma`, `masked`, `ar` or `remote`."""
     device: str = "auto"

@@ -27,7 +27,7 @@ CFG=${CFG:-dg_lsp/training/configs/gpu-smollm2-block.json}
 STAGE=${STAGE:-/tmp/dg-stage}
 DEVICE=${DEVICE:-cuda}
 ASIDE=${ASIDE:-/tmp/dg-aside}
-BIG=(dg_lsp/models/embedded dg_lsp/models/ar_twin dg_lsp/models/embedded_smollm2 dg_lsp/models/ar_twin_smollm2
+BIG=(dg_lsp/models/embedded_tiny dg_lsp/models/ar_twin dg_lsp/models/embedded_smollm2 dg_lsp/models/ar_twin_smollm2
   dg_lsp/models/smollm2_base benchmarks/results)
 PY=${PYTHON:-python3}
 

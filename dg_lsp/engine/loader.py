@@ -13,12 +13,15 @@ from dg_lsp.settings import Settings
 
 log = logging.getLogger(__name__)
 
-EMBEDDED_DIR = Path(__file__).resolve().parent.parent / "models" / "embedded"
-EMBEDDED_TINY_DIR = EMBEDDED_DIR.parent / "embedded_tiny"
-EMBEDDED_SMOLLM2_DIR = EMBEDDED_DIR.parent / "embedded_smollm2"
-"""SmolLM2-135M adapted into a block diffusion infill model: far better code than the 5M `embedded`
-(HumanEval single-line pass@1 15% against 3%) at about three times its latency on a CPU, so opt-in
-(`model = embedded-smollm2`) until parallel decoding makes it fast enough to be the default."""
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+EMBEDDED_SMOLLM2_DIR = MODELS_DIR / "embedded_smollm2"
+"""`model = embedded`: SmolLM2-135M adapted into a block diffusion infill model. Through the editor
+pipeline it passes 15% of HumanEval-infilling's single-line tasks where the 5M model passes 3%, at
+several times the 5M model's time per request on a CPU (benchmarks/results/embedded_smollm2/)."""
+EMBEDDED_DIR = EMBEDDED_SMOLLM2_DIR
+EMBEDDED_TINY_DIR = MODELS_DIR / "embedded_tiny"
+"""`model = embedded-tiny`: the 4.97M-parameter model that was `embedded` before SmolLM2: fast tests, and
+machines too slow for the larger one."""
 BACKENDS = ("diffusion-gemma", "masked", "ar", "remote")
 # Masked diffusion LMs that are not `*ForMaskedLM`: LLaDA, Dream, DiffuCoder, DreamOn...
 MASKED_ARCH_HINTS = ("llada", "dream", "diffucoder", "mdlm", "masked")
@@ -95,20 +98,19 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_model_dir(model: str) -> Path:
-    if model == "embedded-smollm2":
-        return EMBEDDED_SMOLLM2_DIR
-    if model == "embedded-tiny":  # the 5M model: fast tests, and machines too slow for a larger embedded one
-        # until a larger model ships as `embedded`, the 5M model is the embedded one itself
-        tiny = (EMBEDDED_TINY_DIR / "config.json").exists()
-        return EMBEDDED_TINY_DIR if tiny else resolve_model_dir("embedded")
-    if model == "embedded":
+    if model in ("embedded", "embedded-smollm2"):  # the second: the name it had while opt-in
         if (EMBEDDED_DIR / "config.json").exists():
             return EMBEDDED_DIR
+        log.warning("embedded model missing from %s; using embedded-tiny", EMBEDDED_DIR)
+        model = "embedded-tiny"
+    if model == "embedded-tiny":
+        if (EMBEDDED_TINY_DIR / "config.json").exists():
+            return EMBEDDED_TINY_DIR
         from dg_lsp.models.tiny import make_tiny_diffusion_gemma
 
         cache = Path.home() / ".cache" / "dg-lsp" / "tiny-diffusion-gemma"
         if not (cache / "config.json").exists():
-            log.warning("embedded checkpoint missing; building a tiny random model in %s", cache)
+            log.warning("embedded checkpoints missing; building a tiny random model in %s", cache)
             make_tiny_diffusion_gemma(cache)
         return cache
     path = Path(model).expanduser()
@@ -202,14 +204,20 @@ def load_engine(settings: Settings) -> InfillEngine:
                 dtype=settings.dtype,
             )
         if backend == "masked":
-            from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+            from dg_lsp.engine.masked import (
+                MaskedDiffusionEngine,
+                MaskedSamplerConfig,
+                model_sampler_defaults,
+            )
 
             return MaskedDiffusionEngine(
                 model_dir,
                 device=device,
                 quantization=settings.quantization,
                 trust_remote_code=settings.trust_remote_code,
-                sampler=MaskedSamplerConfig.from_options(opts, steps=settings.denoising_steps),
+                sampler=MaskedSamplerConfig.from_options(
+                    opts, steps=settings.denoising_steps, model_defaults=model_sampler_defaults(config)
+                ),
                 dtype=settings.dtype,
             )
         raise ModelLoadError(f"backend {backend!r} needs model = 'remote:http://host:port'")

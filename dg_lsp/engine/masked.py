@@ -125,13 +125,19 @@ class MaskedSamplerConfig:
     a single candidate with the dual cache and no blocks or context refreshes; otherwise ignored."""
 
     @classmethod
-    def from_options(cls, options: dict[str, Any] | None, steps: int | None = None) -> MaskedSamplerConfig:
+    def from_options(
+        cls, options: dict[str, Any] | None, steps: int | None = None, model_defaults: dict | None = None
+    ) -> MaskedSamplerConfig:
         """Read `masked.*`-style keys, snake or camelCase (e.g. from `Settings.extra["masked"]`), ignoring
-        unknown ones."""
+        unknown ones. `model_defaults` (`model_sampler_defaults`) sit under the user's options and `steps`."""
         from dg_lsp.settings import _snake
 
         raw = dict((options or {}).get("masked", options or {}))
         opts = {_snake(k): v for k, v in raw.items()}  # editors send camelCase (`blockLength`)
+        defaults = {_snake(k): v for k, v in (model_defaults or {}).items()}
+        if steps:
+            defaults.pop("steps", None)
+        opts = {**defaults, **opts}
         known = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in opts.items() if k in known}
         if "buckets" in kwargs:
@@ -152,6 +158,28 @@ class MaskedSamplerConfig:
         if cfg.confidence not in sampler.CONFIDENCE_KINDS:
             raise ValueError(f"masked.confidence must be one of {sampler.CONFIDENCE_KINDS}")
         return cfg
+
+
+SAMPLER_DEFAULTS_KEY = "dg_lsp_sampler"
+
+
+def model_sampler_defaults(config: dict) -> dict[str, Any]:
+    """The sampler options a checkpoint's config.json recommends under `dg_lsp_sampler` (the embedded
+    model decodes best left to right: `{"confidence": "leftmost"}`), checked against the same bounds as the
+    user's `masked` setting; an invalid entry is logged and left out, never a reason not to load."""
+    from dg_lsp.settings import _masked
+
+    value = config.get(SAMPLER_DEFAULTS_KEY)
+    if value is None:
+        return {}
+    try:
+        kept, problems = _masked(value, {})
+    except ValueError as exc:
+        log.warning("config.json %s ignored: %s", SAMPLER_DEFAULTS_KEY, exc)
+        return {}
+    for problem in problems:
+        log.warning("config.json %s: %s (left out)", SAMPLER_DEFAULTS_KEY, problem)
+    return kept
 
 
 def detect_logits_shift(config: dict) -> bool:
@@ -207,6 +235,8 @@ class MaskedDiffusionEngine(LocalEngine):
         trust = trust_remote_code
         if self.family:
             self.tokenizer = native.load_tokenizer(self.model_dir)  # never the directory's code
+        elif self.layout in layouts.PACKED_LAYOUTS:
+            self.tokenizer = layouts.load_packed_tokenizer(self.model_dir)
         else:
             try:
                 self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir, trust_remote_code=trust)

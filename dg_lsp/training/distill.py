@@ -315,7 +315,7 @@ def plot(history: list[dict], path: Path) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m dg_lsp.training.distill", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, default=Path("dg_lsp/models/embedded"))
+    ap.add_argument("--model", type=Path, default=Path("dg_lsp/models/embedded_tiny"))
     ap.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     ap.add_argument("--out", type=Path, required=True, help="run directory: traces.jsonl, model/")
     ap.add_argument("--traces", type=int, default=3000)

@@ -1,6 +1,6 @@
 """Copy a run's best checkpoint into the package, as fp16 safetensors, only if it beats the shipped one.
 
-    python -m dg_lsp.training.ship runs/masked-cpu                        # -> dg_lsp/models/embedded
+    python -m dg_lsp.training.ship runs/masked-cpu                        # -> dg_lsp/models/embedded_tiny
     python -m dg_lsp.training.ship runs/ar-gemma3-cpu --dest dg_lsp/models/ar_twin
 
 "Beats" means a lower held-out loss in `best/metrics.json` than the `metrics.json` already in the
@@ -114,7 +114,7 @@ def ship(
     old = dest / "metrics.json"
     if old.exists() and not force:
         previous = json.loads(old.read_text())
-        if previous.get("kind", "diffusion" if dest.name == "embedded" else "ar") != kind:
+        if previous.get("kind", "diffusion" if dest.name in ("embedded", "embedded_tiny") else "ar") != kind:
             print(f"not shipped: {kind} replaces a {previous.get('kind')} model; compare them, then --force")
             return False
         if previous["valid_loss"] <= metrics["valid_loss"]:
@@ -141,7 +141,7 @@ def ship(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", type=Path)
-    ap.add_argument("--dest", type=Path, default=PACKAGE_MODELS / "embedded")
+    ap.add_argument("--dest", type=Path, default=PACKAGE_MODELS / "embedded_tiny")
     ap.add_argument("--force", action="store_true", help="ship even if not better (e.g. new tokenizer)")
     ap.add_argument("--prompt-tokens", type=int, help="tokenizer model_max_length to record")
     ap.add_argument(

@@ -32,7 +32,7 @@ def test_the_wheel_carries_the_embedded_model_and_the_example(tmp_path: Path) ->
     (wheel,) = tmp_path.glob("dg_lsp-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        for model in ("embedded", "ar_twin"):
+        for model in ("embedded_tiny", "ar_twin"):
             for name in MODEL_FILES:
                 path = f"dg_lsp/models/{model}/{name}"
                 assert path in names, path
@@ -40,7 +40,7 @@ def test_the_wheel_carries_the_embedded_model_and_the_example(tmp_path: Path) ->
                 assert archive.getinfo(path).file_size == local.stat().st_size, path  # not an LFS pointer
         adapted = ("config.json", "adapter.safetensors", "tokenizer.json", "tokenizer_config.json")
         shipped = [f"dg_lsp/models/{m}/{n}" for m in ("embedded_smollm2", "ar_twin_smollm2") for n in adapted]
-        for path in [*shipped, "dg_lsp/models/smollm2_base/base.safetensors"]:  # model = embedded-smollm2
+        for path in [*shipped, "dg_lsp/models/smollm2_base/base.safetensors"]:  # model = embedded (SmolLM2)
             assert path in names, path
             assert archive.getinfo(path).file_size == (REPO / path).stat().st_size, path
         assert "dg_lsp/examples/stack.py" in names

@@ -7,11 +7,11 @@ import torch
 
 from dg_lsp.engine.ar import AutoregressiveEngine
 from dg_lsp.engine.batching import BatchedAR, BatchedMasked, batcher_for, seq_bucket, shape_buckets
-from dg_lsp.engine.loader import EMBEDDED_DIR
+from dg_lsp.engine.loader import EMBEDDED_TINY_DIR
 from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
 from dg_lsp.engine.types import Cancelled, InfillRequest
 
-AR_TWIN_DIR = EMBEDDED_DIR.parent / "ar_twin"
+AR_TWIN_DIR = EMBEDDED_TINY_DIR.parent / "ar_twin"
 
 REQUESTS = [
     InfillRequest("def add(a, b):\n    return ", "\n", max_tokens=16, steps=8),
@@ -58,7 +58,7 @@ def masked_engine(fp32, request):
     default), which the batched path reproduces with one context cache for all rows."""
     torch.set_num_threads(1)
     cfg = MaskedSamplerConfig(dual_cache=request.param)
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, sampler=cfg, use_continuation_cache=False)
     engine.use_prompt_cache = False
     return engine
 
@@ -93,7 +93,7 @@ def test_batched_rows_trim_their_tails_as_each_would_alone(fp32, margin):
     """Each row of a batch recomputes only its own window, refreshes when its span outgrows it, and so
     decodes what it decodes alone with tail trimming, pass for pass (margin 1 makes spans outgrow)."""
     cfg = MaskedSamplerConfig(trim_margin=margin)
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, sampler=cfg, use_continuation_cache=False)
     engine.use_prompt_cache = False
     assert engine.cfg.trim_tail and engine.dual_on()
     alone = []
@@ -122,7 +122,7 @@ def test_batched_requests_follow_the_engines_step_for_every_schedule(fp32, optio
     """The batch takes the engine's own step (`step.denoise_step`), whatever the sampler options: a
     schedule the batch handled apart once (one token per pass) decoded differently there."""
     engine = MaskedDiffusionEngine(
-        EMBEDDED_DIR, sampler=MaskedSamplerConfig(**options), use_continuation_cache=False
+        EMBEDDED_TINY_DIR, sampler=MaskedSamplerConfig(**options), use_continuation_cache=False
     )
     engine.use_prompt_cache = False
     alone = [engine.infill(r) for r in REQUESTS]
@@ -136,7 +136,7 @@ def test_batched_requests_reuse_each_documents_prompt_kv(fp32):
     """The next keystroke in two documents, batched: each row starts from its document's cached prompt
     keys and values (from a batch or from a request alone) and decodes what the engine alone decodes
     with its per-document prompt cache."""
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, use_continuation_cache=False)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, use_continuation_cache=False)
     assert engine.use_prompt_cache and engine.dual_on()
     body = "import os\n\n\ndef scale(values, k={k}):\n    out = []\n"
     body += "    for v in values:\n        out.append(v * k)\n"
@@ -198,7 +198,7 @@ def test_the_team_runner_serves_typed_suggestions_without_a_pass_and_keeps_every
     answered from it (no forward), the others batch; and 16 documents all keep their prompt KV."""
     from dg_lsp.team.local import EngineRunner
 
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR)
     runner = EngineRunner(engine, batching=True)
     docs = [InfillRequest(f"def f{i}(x):\n    return ", "\n", 8, doc_key=f"d{i}") for i in range(16)]
     first = runner.run(docs, [lambda: False] * 16)

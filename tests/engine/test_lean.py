@@ -17,7 +17,7 @@ from dg_lsp.engine.types import InfillRequest
 MODELS = Path(__file__).resolve().parents[2] / "dg_lsp" / "models"
 
 
-@pytest.mark.parametrize("name", ["embedded", "ar_twin"])
+@pytest.mark.parametrize("name", ["embedded_tiny", "ar_twin"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_logits_equal_transformers(name, dtype):
     """Full pass, a multi-token chunk after a cached prefix (the causal offset mask for the AR twin, the
@@ -48,8 +48,8 @@ def test_logits_equal_transformers(name, dtype):
 
 
 def test_unsupported_configurations_keep_transformers():
-    model = AutoModelForCausalLM.from_pretrained(MODELS / "embedded").eval()
-    tok = AutoTokenizer.from_pretrained(MODELS / "embedded")
+    model = AutoModelForCausalLM.from_pretrained(MODELS / "embedded_tiny").eval()
+    tok = AutoTokenizer.from_pretrained(MODELS / "embedded_tiny")
     assert lean.supported(model) is None
     model.config.final_logit_softcapping = 30.0
     assert "soft-capping" in lean.supported(model)
@@ -58,7 +58,7 @@ def test_unsupported_configurations_keep_transformers():
 
 
 @pytest.mark.parametrize(
-    "engine_cls, name", [(MaskedDiffusionEngine, "embedded"), (AutoregressiveEngine, "ar_twin")]
+    "engine_cls, name", [(MaskedDiffusionEngine, "embedded_tiny"), (AutoregressiveEngine, "ar_twin")]
 )
 def test_engines_complete_the_same_with_either_forward(engine_cls, name):
     engine = engine_cls(MODELS / name)
@@ -78,7 +78,7 @@ def test_engines_complete_the_same_with_either_forward(engine_cls, name):
     assert any(t.strip() for t in fast)
 
 
-@pytest.mark.parametrize("name", ["embedded", "ar_twin"])
+@pytest.mark.parametrize("name", ["embedded_tiny", "ar_twin"])
 def test_padded_batches_equal_transformers(name):
     """Left-padded rows of different lengths (the batched runner's layout), a full pass and then a chunk
     against the cache: every real position's logits equal transformers' with the same padding mask."""

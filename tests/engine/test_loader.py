@@ -5,6 +5,7 @@ import json
 import pytest
 
 from dg_lsp.engine.loader import ModelLoadError, detect_backend, load_engine, resolve_model_dir
+from dg_lsp.engine.types import InfillRequest
 from dg_lsp.settings import Settings
 
 
@@ -64,3 +65,29 @@ def test_dtype_setting(tiny_causal_dir):
     assert load_engine(Settings(model=str(tiny_causal_dir), device="cpu")).describe()["dtype"] == "float32"
     with pytest.raises(ModelLoadError, match="unknown dtype 'fp8'; expected auto or one of"):
         load_engine(Settings(model=str(tiny_causal_dir), device="cpu", dtype="fp8"))
+
+
+def test_a_checkpoints_sampler_defaults_sit_under_the_users_options(tmp_path, caplog):
+    """config.json's `dg_lsp_sampler` sets the sampler a model decodes best with; the user's `masked`
+    options and `denoisingSteps` still win, and an invalid entry is logged and left out, not fatal."""
+    import shutil
+
+    from dg_lsp.engine.loader import EMBEDDED_TINY_DIR
+
+    model = tmp_path / "model"
+    shutil.copytree(EMBEDDED_TINY_DIR, model)
+    config = json.loads((model / "config.json").read_text())
+    config["dg_lsp_sampler"] = {"confidence": "leftmost", "trimMargin": 5, "steps": 7, "threshold": 5}
+    (model / "config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING"):
+        engine = load_engine(Settings(model=str(model), denoising_steps=0))
+    cfg = engine.cfg
+    assert (cfg.confidence, cfg.trim_margin, cfg.steps, cfg.threshold) == ("leftmost", 5, 7, 0.9)
+    assert "dg_lsp_sampler: threshold" in caplog.text
+    assert engine.infill(InfillRequest("def f(x):\n    return ", "\n", max_tokens=8)).candidates
+    user, _ = Settings.merge({"model": str(model), "denoisingSteps": 9, "masked": {"confidence": "margin"}})
+    cfg = load_engine(user).cfg
+    assert (cfg.confidence, cfg.trim_margin, cfg.steps) == ("margin", 5, 9)
+    config["dg_lsp_sampler"] = ["leftmost"]
+    (model / "config.json").write_text(json.dumps(config))
+    assert load_engine(Settings(model=str(model), denoising_steps=0)).cfg.confidence == "max_prob"

@@ -123,8 +123,8 @@ def test_two_clients_editing_the_same_path_do_not_supersede_each_other(served):
 
 
 def test_requests_waiting_together_share_forward_passes():
-    """The embedded model has a batched path: 6 concurrent requests take far fewer forwards than 6 x 8."""
-    engine = load_engine(Settings(model="embedded"))
+    """embedded-tiny has a batched path: 6 concurrent requests take far fewer forwards than 6 x 8."""
+    engine = load_engine(Settings(model="embedded-tiny"))
     server = InProcessServer(engine).start()
     try:
         client = RemoteEngine(server.url)

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from dg_lsp.engine import speculative
-from dg_lsp.engine.loader import EMBEDDED_DIR
+from dg_lsp.engine.loader import EMBEDDED_TINY_DIR
 from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
 from dg_lsp.engine.step import Committed
 from dg_lsp.engine.types import InfillRequest
 
-SMOLLM2_DIR = EMBEDDED_DIR.parent / "embedded_smollm2"
+SMOLLM2_DIR = EMBEDDED_TINY_DIR.parent / "embedded_smollm2"
 
 SOURCE = '''import json
 from pathlib import Path
@@ -85,7 +85,7 @@ def decode(engine: MaskedDiffusionEngine, requests, **cfg):
 )
 def test_same_tokens_as_step_by_step_in_fewer_passes(fp32, sampler):
     torch.set_num_threads(1)
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, use_continuation_cache=False)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, use_continuation_cache=False)
     engine.use_prompt_cache = False
     requests = cursors(12)
     alone, passes = decode(engine, requests, speculate=0, **sampler)
@@ -110,7 +110,7 @@ def test_the_shipped_block_model_decodes_the_same(fp32):
 def test_option_reads_from_settings_and_more_candidates_decode_as_before(fp32):
     cfg = MaskedSamplerConfig.from_options({"masked": {"speculate": 3}})
     assert cfg.speculate == 3
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=cfg, use_continuation_cache=False)
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, sampler=cfg, use_continuation_cache=False)
     engine.use_prompt_cache = False
     request = dataclasses.replace(cursors(1)[0], num_candidates=3, seed=5)
     with_spec = [c.token_ids for c in engine.infill(request).candidates]
@@ -159,7 +159,7 @@ def test_chain_stops_at_the_step_cap_and_before_a_full_pass():
 
 
 def test_describe_names_it_only_when_on():
-    engine = MaskedDiffusionEngine(EMBEDDED_DIR, sampler=MaskedSamplerConfig(speculate=2))
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, sampler=MaskedSamplerConfig(speculate=2))
     assert engine.describe()["speculate"] == "2"
     engine.cfg = MaskedSamplerConfig()
     assert "speculate" not in engine.describe()

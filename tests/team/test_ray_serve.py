@@ -61,7 +61,7 @@ def team(tmp_path_factory):
 
     port = _free_port()
     cfg = ray_serve.TeamConfig(
-        settings=Settings(model="embedded"),
+        settings=Settings(model="embedded-tiny"),
         replicas=2,
         cpus_per_replica=0.5,
         token=TOKEN,

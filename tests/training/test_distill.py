@@ -17,7 +17,7 @@ from dg_lsp.models import tokens
 from dg_lsp.training import corpus, distill
 from dg_lsp.training.config import DataConfig
 
-EMBEDDED = Path(__file__).resolve().parents[2] / "dg_lsp" / "models" / "embedded"
+EMBEDDED = Path(__file__).resolve().parents[2] / "dg_lsp" / "models" / "embedded_tiny"
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 FILES = ["textwrap.py", "bisect.py", "colorsys.py", "fnmatch.py"]
 
