@@ -132,6 +132,30 @@ def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canva
     return tasks
 
 
+def mid_word_tasks(corpus: Path, n: int) -> list[Task]:
+    """Cursors inside a word of held-out files, the rest of that line as the reference: where most of the
+    requests typing sends land (token healing, `dg_lsp/engine/healing.py`, is for them). Seed 778."""
+    from dg_lsp.training.corpus import load_docs
+    from dg_lsp.training.train import DocSampler
+
+    sampler = DocSampler(load_docs(corpus / "valid.jsonl"))
+    rng = random.Random(778)
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        text = sampler.draw(rng).text
+        words = list(re.finditer(r"[A-Za-z_][A-Za-z0-9_]{3,}", text))
+        if not words:
+            continue
+        word = rng.choice(words)
+        cut = rng.randrange(word.start() + 1, word.end())  # at least one character typed, one left
+        end = text.find("\n", cut)
+        end = len(text) if end < 0 else end
+        i = len(tasks)
+        tasks.append(Task("mid-word", f"mid-word/{i}", text[max(0, cut - 3000) : cut], text[end : end + 1000],
+                          text[cut:end]))  # fmt: skip
+    return tasks
+
+
 def humaneval_tasks(suite: str, every: int) -> list[Task]:
     rows = [json.loads(line) for line in gzip.open(HUMANEVAL / SUBSETS[suite], "rt")]
     return [
@@ -192,7 +216,7 @@ def _errors(text: str, language: str) -> int:
 
 def task_language(task: Task) -> str:
     """HumanEval is Python; a held-out window is whichever grammar parses its reference with fewer errors."""
-    if task.suite != "held-out":
+    if task.suite not in ("held-out", "mid-word"):
         return "python"
     reference = task.prefix + task.middle + task.suffix
     return min(("python", "javascript"), key=lambda lang: _errors(reference, lang))
@@ -350,6 +374,7 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
         args.get("dtype", "auto"),
         args.get("threads", 1),
     )
+    engine.token_healing = engine.token_healing and args.get("heal", True)
     info = engine.describe()
     outcomes = []
     for task in tasks:
@@ -469,7 +494,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
         f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off, "
-        f"dtype setting `{args.dtype}`. "
+        f"dtype setting `{args.dtype}`{', token healing off' if args.no_heal else ''}. "
         + (
             "Scored through the editor pipeline (`dg_lsp.pipeline`: window, span kind, post-processing, "
             f"syntax check; blank when every candidate was rejected), {args.candidates} candidate(s) "
@@ -481,6 +506,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         + "".join(f"For `{m.rpartition(':')[0]}` also `{m.rpartition(':')[2]}`. " for m in args.model_masked)
         + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
         + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
+        + (f"{args.mid_word} cursors inside a word of held-out files; " if args.mid_word else "")
         + f"HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
@@ -551,6 +577,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--dtype", default="auto", help="the dtype setting: auto, float32, bfloat16, float16")
     ap.add_argument(
+        "--mid-word",
+        type=int,
+        default=0,
+        help="also score this many cursors inside a word of held-out files (the rest of the line)",
+    )
+    ap.add_argument(
+        "--no-heal",
+        action="store_true",
+        help="turn token healing off (dg_lsp/engine/healing.py), to measure what it does",
+    )
+    ap.add_argument(
         "--through",
         choices=["engine", "editor"],
         default="engine",
@@ -598,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         tasks += held_out_tasks(args.corpus, drawn_by, args.spans, args.prompt_tokens, 32)
     elif args.spans > 0:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
+    if args.mid_word > 0 and (args.corpus / "valid.jsonl").exists():
+        tasks += mid_word_tasks(args.corpus, args.mid_word)
     for suite, every in (
         ("single-line", args.single_every),
         ("multi-line", args.multi_every),
@@ -613,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         "candidates": args.candidates,
         "dtype": args.dtype,
         "threads": args.threads,
+        "heal": not args.no_heal,
         "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     per_model = {name: {**opts, "masked": dict(opts["masked"])} for name in models}

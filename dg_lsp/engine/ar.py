@@ -89,6 +89,7 @@ class AutoregressiveEngine(LocalEngine):
             eos |= {vocab[t] for t in ("<|endoftext|>", "<|im_end|>") if t in vocab}
         self.stop_ids = eos
         self.min_tokens = min_tokens
+        self.token_healing = True
         self.prompt_cache: LRU[KVSnapshot] = LRU(8)
         # only the last position's logits are read: skip the output head for the rest of the prompt
         sliceable = "logits_to_keep" in inspect.signature(self.model.forward).parameters
@@ -103,6 +104,13 @@ class AutoregressiveEngine(LocalEngine):
     def reset_caches(self) -> None:
         super().reset_caches()
         self.prompt_cache.clear()
+
+    def retyped(self, request: InfillRequest, new: list[int]) -> int:
+        """1 when the first token only re-typed the healed fragment (`LocalEngine.fragment_ids`): the
+        rule that an answer is never empty then counts from the token after it."""
+        if not self.min_tokens or not request.first_text or not new:
+            return 0
+        return int(self.token_index().texts[new[0]] == request.first_text)
 
     def prompt_ids(self, request: InfillRequest) -> list[int]:
         pre = self.tokenizer.encode(request.prefix, add_special_tokens=False)
@@ -138,15 +146,17 @@ class AutoregressiveEngine(LocalEngine):
             logits, cache = self._prefill(ids, request.doc_key, stats)
             stats.encode_ms = (time.perf_counter() - t0) * 1000
             stats.forward_passes += 1
+            first = self.first_token_bars(request, logits.shape[-1])
             while True:
                 barred: set[int] = set()
-                if len(new) < self.min_tokens:
+                if len(new) < self.min_tokens + self.retyped(request, new):
                     barred = self.stop_ids | (self.newline_ids() if request.single_line else set())
-                if not new and not request.blank_start:
-                    barred = barred | self.blank_start_ids()
-                if barred:
+                if barred or (not new and first is not None):
                     logits = logits.clone()
+                if barred:
                     logits[0, sorted(barred)] = float("-inf")
+                if not new and first is not None:
+                    logits[0, first] = float("-inf")
                 tok = int(logits[0].argmax())
                 if tok in self.stop_ids:
                     break

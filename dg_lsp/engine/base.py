@@ -6,9 +6,11 @@ wraps them with the parts that must behave the same whichever model runs.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
+from dg_lsp.engine import healing
 from dg_lsp.engine.cache import ContinuationCache
 from dg_lsp.engine.sampler import rank_candidates
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
@@ -64,6 +66,9 @@ class LocalEngine:
         self.use_prompt_cache = use_prompt_cache
         self._newline_ids: set[int] | None = None
         self._blank_start_ids: set[int] | None = None
+        self._token_index: healing.TokenIndex | None = None
+        self.token_healing = False
+        """Backends that can bar tokens at the first position turn it on (`heal`)."""
 
     def _generate(
         self, request: InfillRequest, check: Callable[[], None], stats: InfillStats
@@ -96,11 +101,18 @@ class LocalEngine:
         """Drop every per-document cache (benchmarks and tests compare cold and warm paths)."""
         self.continuations.clear()
 
+    def token_index(self) -> healing.TokenIndex:
+        """Every token's text, decoded once (warm-up builds it, not the first keystroke)."""
+        if self._token_index is None:
+            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+            self._token_index = healing.TokenIndex(texts)
+        return self._token_index
+
     def newline_ids(self) -> set[int]:
         """Token ids whose text contains a newline, stops excluded (computed once, on first use): on a
         single-line span they end the line like a stop."""
         if self._newline_ids is None:
-            texts = self.tokenizer.batch_decode([[i] for i in range(len(self.tokenizer))])
+            texts = self.token_index().texts
             self._newline_ids = {i for i, t in enumerate(texts) if "\n" in t} - self.stop_ids
         return self._newline_ids
 
@@ -114,6 +126,65 @@ class LocalEngine:
             }
         return self._blank_start_ids
 
+    def first_token_bars(self, request: InfillRequest, vocab_size: int):
+        """Sorted ids (a long tensor on the engine's device) barred from the first generated position:
+        tokens that start a blank line when `blank_start` is off, and with `first_text` every token whose
+        text does not begin with it. None when nothing is barred."""
+        import torch
+
+        barred = torch.zeros(vocab_size, dtype=torch.bool)
+        if not request.blank_start:
+            barred[[i for i in self.blank_start_ids() if i < vocab_size]] = True
+        if request.first_text:
+            allowed = [i for i in self.token_index().starting_with(request.first_text) if i < vocab_size]
+            if allowed:  # never bar everything: the fragment's own token always qualifies
+                keep = barred[allowed].clone()
+                barred[:] = True
+                barred[allowed] = keep
+        if not barred.any():
+            return None
+        return barred.nonzero().squeeze(-1).to(self.device)
+
+    def fragment_ids(self, request: InfillRequest):
+        """Ids whose text is exactly the healed fragment (a long tensor), or None: a span that starts with
+        one of them has only re-typed the user's word, so the rule that a span is never empty moves on by
+        one position (`MaskedSamplerConfig.min_tokens`, the AR engine's `min_tokens`)."""
+        import torch
+
+        frag = request.first_text
+        if not frag:
+            return None
+        texts = self.token_index().texts
+        ids = [i for i in self.token_index().starting_with(frag) if texts[i] == frag]
+        return torch.tensor(ids, device=self.device) if ids else None
+
+    def heal(self, request: InfillRequest) -> InfillRequest:
+        """The request with the cursor's partial word taken back out of the prefix (`healing.py`), its
+        `syntax_ok` reading candidates that start with that word; the request itself when not healed."""
+        if not self.token_healing or request.first_text:
+            return request
+        healed = healing.heal(
+            request.prefix, lambda s: self.tokenizer.encode(s, add_special_tokens=False), self.token_index()
+        )
+        if healed is None:
+            return request
+        fragment, check = healed.fragment, request.syntax_ok
+        syntax_ok = None
+        if check is not None:
+            syntax_ok = lambda text: text.startswith(fragment) and check(text[len(fragment) :])  # noqa: E731
+        return dataclasses.replace(request, prefix=healed.prefix, first_text=fragment, syntax_ok=syntax_ok)
+
+    @staticmethod
+    def unheal(request: InfillRequest, candidates: list[Candidate]) -> list[Candidate]:
+        """Candidates relative to the user's cursor again: the healed fragment stripped (one that does not
+        start with it cannot be placed at the cursor and is dropped)."""
+        frag = request.first_text
+        if not frag:
+            return candidates
+        return [
+            dataclasses.replace(c, text=c.text[len(frag) :]) for c in candidates if c.text.startswith(frag)
+        ]
+
     def infill(self, request: InfillRequest, should_cancel: ShouldCancel | None = None) -> InfillResult:
         start = time.perf_counter()
         check = checked(should_cancel)
@@ -123,8 +194,9 @@ class LocalEngine:
         if hit is not None:
             return hit
         stats = InfillStats()
-        cands = self._generate(request, check, stats)
-        ranked = rank_candidates(cands, request.syntax_ok)[:n]
+        healed = self.heal(request)
+        cands = self._generate(healed, check, stats)
+        ranked = self.unheal(healed, rank_candidates(cands, healed.syntax_ok)[:n])
         self.shown(request, ranked)
         stats.total_ms = (time.perf_counter() - start) * 1000
         return InfillResult(ranked, stats)

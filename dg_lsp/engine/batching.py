@@ -131,6 +131,7 @@ class _Job:
     stops: set[int]
     stop_tensor: torch.Tensor
     blank_start: torch.Tensor | None
+    healed: torch.Tensor | None
     gen: torch.Generator
     masked: torch.Tensor
     logp_sum: torch.Tensor
@@ -164,8 +165,10 @@ class BatchedMasked:
     def run(
         self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
     ) -> list[Outcome]:
-        """One outcome per request, in order: its result, or `Cancelled` if its `should_cancel` fired."""
+        """One outcome per request, in order: its result, or `Cancelled` if its `should_cancel` fired.
+        Requests are healed (`LocalEngine.heal`) as the engine alone would heal them."""
         cancels = list(cancels) if cancels is not None else [None] * len(requests)
+        requests = [self.engine.heal(r) for r in requests]
         out: list[Outcome] = [Cancelled()] * len(requests)
         self.last_windows = {}
         lengths = [min(r.max_tokens, self.engine.cfg.buckets[-1]) for r in requests]
@@ -189,9 +192,7 @@ class BatchedMasked:
             steps = max(capped, min(steps, cfg.min_capped_steps))
         rows = max(1, request.num_candidates)
         stops = eng.stop_ids | (eng.newline_ids() if request.single_line else set())
-        blank = None
-        if not request.blank_start and eng.blank_start_ids():
-            blank = torch.tensor(sorted(eng.blank_start_ids()), device=eng.device)
+        blank = eng.first_token_bars(request, eng.logits_vocab)
         stats = InfillStats(prompt_tokens=len(ids) - length, step_cap=steps)
         return _Job(
             index=index,
@@ -206,6 +207,7 @@ class BatchedMasked:
             stops=stops,
             stop_tensor=torch.tensor(sorted(stops) or [-1], device=eng.device),
             blank_start=blank,
+            healed=eng.fragment_ids(request),
             gen=torch.Generator(device=eng.device).manual_seed(int(request.seed)),
             masked=torch.ones(rows, length, dtype=torch.bool, device=eng.device),
             logp_sum=torch.zeros(rows, device=eng.device),
@@ -431,6 +433,7 @@ class BatchedMasked:
             gen=j.gen,
             blank_start=j.blank_start,
             window_end=window,
+            healed=j.healed,
         )
         j.logp_sum += done.logp_gain
         j.logp_n += done.commit.sum(dim=-1)
@@ -454,7 +457,8 @@ class BatchedMasked:
             cands.append(Candidate(eng.tokenizer.decode(new, skip_special_tokens=True), score, new))
             j.stats.generated_tokens = max(j.stats.generated_tokens, len(new))
         j.stats.total_ms = (time.perf_counter() - j.t0) * 1000
-        return InfillResult(rank_candidates(cands, j.request.syntax_ok)[: j.rows], j.stats)
+        ranked = rank_candidates(cands, j.request.syntax_ok)[: j.rows]
+        return InfillResult(eng.unheal(j.request, ranked), j.stats)
 
 
 class BatchedAR:
@@ -471,6 +475,7 @@ class BatchedAR:
     ) -> list[Outcome]:
         eng = self.engine
         cancels = list(cancels) if cancels is not None else [None] * len(requests)
+        requests = [eng.heal(r) for r in requests]  # as the engine alone would
         prompts = [eng.prompt_ids(r) for r in requests]
         t0 = time.perf_counter()
         total = seq_bucket(max(len(p) for p in prompts))
@@ -492,6 +497,7 @@ class BatchedAR:
             model = eng.model
             cache_arg = cache_kwarg(model.forward) or eng.cache_arg
             cache, logits = self._prefill(x, attn, pos, prompts, requests, stats, cache_arg)
+            first = [eng.first_token_bars(r, logits.shape[-1]) for r in requests]
             while True:
                 nxt = torch.full((n, 1), pad, dtype=torch.long, device=eng.device)
                 for i, req in enumerate(requests):
@@ -503,12 +509,12 @@ class BatchedAR:
                         continue
                     row = logits[i].clone()
                     barred: set[int] = set()
-                    if len(new[i]) < eng.min_tokens:
+                    if len(new[i]) < eng.min_tokens + eng.retyped(req, new[i]):
                         barred = eng.stop_ids | (newline if req.single_line else set())
-                    if not new[i] and not req.blank_start:
-                        barred = barred | eng.blank_start_ids()
                     if barred:
                         row[sorted(barred)] = float("-inf")
+                    if not new[i] and first[i] is not None:
+                        row[first[i]] = float("-inf")
                     tok = int(row.argmax())
                     if tok in eng.stop_ids:
                         done[i] = True
@@ -545,7 +551,7 @@ class BatchedAR:
             stats[i].total_ms = (time.perf_counter() - t0) * 1000
             score = sum(picked[i]) / len(picked[i]) if picked[i] else 0.0
             text = eng.tokenizer.decode(new[i], skip_special_tokens=True)
-            results.append(InfillResult([Candidate(text, score, new[i])], stats[i]))
+            results.append(InfillResult(eng.unheal(requests[i], [Candidate(text, score, new[i])]), stats[i]))
         return results
 
     def _prefill(self, x, attn, pos, prompts, requests, stats, cache_arg):

@@ -268,6 +268,9 @@ class MaskedDiffusionEngine(LocalEngine):
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
         self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer)
+        self.logits_vocab = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
+        """Width of the logits (a packed model scores its base vocabulary, not its added tokens)."""
+        self.token_healing = True
         mask_id = self.tokenizer.mask_token_id
         if mask_id is None:
             mask_id = raw.get("mask_token_id")
@@ -481,9 +484,8 @@ class MaskedDiffusionEngine(LocalEngine):
         # single-line spans: the caller cuts at the first newline, so masks after one are tail as well
         stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
         stop_tensor = torch.tensor(sorted(stops) or [-1], device=self.device)
-        blank_start = None
-        if not request.blank_start and self.blank_start_ids():
-            blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
+        blank_start = self.first_token_bars(request, self.logits_vocab)
+        healed = self.fragment_ids(request)
         ctx = None
         tail = TailWindow(cfg.trim_margin) if cfg.trim_tail and self.dual_on() and not block else None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
@@ -535,6 +537,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     blank_start=blank_start,
                     window_end=window[1] if window is not None and not block else None,
                     region=region,
+                    healed=healed,
                 )
                 pred = done.pred
                 logp_sum += done.logp_gain
@@ -584,6 +587,7 @@ class MaskedDiffusionEngine(LocalEngine):
         cfg = self.cfg
         span = slice(start, start + length)
         shift = int(self.shift)
+        healed = self.fragment_ids(request)
 
         def advance(logits: torch.Tensor, st: speculative.State):
             canvas, left = st.canvas.clone(), st.masked.clone()
@@ -591,7 +595,7 @@ class MaskedDiffusionEngine(LocalEngine):
             done = denoise_step(
                 cfg, rules, logits.clone(), canvas, left, stops, stop_tensor, self.fill_id,
                 StepPlan(st.step, steps, steps - st.step), blank_start=blank_start,
-                window_end=w if w < length else None,
+                window_end=w if w < length else None, healed=healed,
             )  # fmt: skip
             return speculative.State(canvas, left, st.step + 1), done
 
@@ -671,9 +675,7 @@ class MaskedDiffusionEngine(LocalEngine):
         stops = self.stop_ids | (self.newline_ids() if request.single_line else set())
         # a delete ends the span like a stop: barred from the first positions, committed at the frontier
         ends = torch.tensor(sorted(stops | {delete_id}), device=self.device)
-        blank_start = None
-        if not request.blank_start and self.blank_start_ids():
-            blank_start = torch.tensor(sorted(self.blank_start_ids()), device=self.device)
+        blank_start = self.first_token_bars(request, self.logits_vocab)
         self.last_commits, self.last_lengths = [], [length]
         cands = []
         with torch.inference_mode():

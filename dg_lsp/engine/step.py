@@ -49,6 +49,7 @@ def denoise_step(
     blank_start: torch.Tensor | None = None,
     window_end: int | None = None,
     region: torch.Tensor | None = None,
+    healed: torch.Tensor | None = None,
 ) -> Committed:
     """Commit this step's tokens into `canvas` and clear them from `masked` (both in place), then fill
     the positions after a committed stop. `logits` (rows, >= window, V) float, edited in place; rows
@@ -56,12 +57,19 @@ def denoise_step(
     recomputed only the first `window_end` positions (tail trimming), so nothing past it may be
     committed and the vocabulary-wide work (softmax, top-2, argmax) is done for those positions alone;
     `logits` may then hold just them. `region`: (rows, L) bool, the current block when decoding block
-    by block."""
+    by block. `healed`: the healed fragment's own ids (`LocalEngine.fragment_ids`); once one of them is
+    committed at position 0, the span must still add `min_tokens` tokens after it."""
     rows, length = masked.shape
     w = length if window_end is None else min(window_end, length)
     lg = logits[:, :w]
     if cfg.min_tokens > 0:  # given a non-empty span; finite, so entropy stays a number
         lg[:, : cfg.min_tokens, stop_tensor[stop_tensor >= 0]] = -1e9
+        if healed is not None and w > cfg.min_tokens:
+            retyped = ~masked[:, 0] & torch.isin(canvas[:, 0], healed)
+            if retyped.any():
+                lg[retyped, cfg.min_tokens] = lg[retyped, cfg.min_tokens].index_fill(
+                    -1, stop_tensor[stop_tensor >= 0], -1e9
+                )
     if blank_start is not None and w > 0:
         lg[:, 0, blank_start] = -1e9
     logp = torch.log_softmax(lg, dim=-1)

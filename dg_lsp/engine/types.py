@@ -37,6 +37,10 @@ class InfillRequest:
     """Soft latency budget for this request, measured from when the engine starts it."""
     syntax_ok: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
     """Optional check (e.g. a tree-sitter parse of prefix+text+suffix) for ranking; never sent remotely."""
+    first_text: str = ""
+    """Token healing (`dg_lsp/engine/healing.py`), set by the engine itself: the completion starts with
+    this text, the partial word taken back out of `prefix`; only tokens whose text begins with it may
+    come first, and the engine strips it from what it returns."""
 
 
 @dataclass

@@ -70,3 +70,21 @@ def test_a_window_is_decided_from_its_own_logits_as_from_zero_padded_ones(option
     # without a window the same logits may commit anywhere past the written tokens
     _, _, whole = run(cfg, logits, None)
     assert not whole.commit[:, :2].any()
+
+
+@pytest.mark.parametrize("healed", [None, torch.tensor([5])])
+def test_a_span_that_only_retyped_the_healed_word_may_not_stop_there(healed):
+    """Token healing re-types the user's partial word as the span's first token (`LocalEngine.heal`); a
+    stop right after it would be an empty answer, which the `min_tokens` rule exists to prevent."""
+    cfg = MaskedSamplerConfig(confidence="leftmost")
+    canvas = torch.full((1, 8), 7)
+    masked = torch.ones(1, 8, dtype=torch.bool)
+    canvas[0, 0], masked[0, 0] = 5, False  # position 0 holds the healed fragment's own token
+    logits = torch.zeros(1, 8, 40)
+    logits[:, :, 0] = 5.0  # a stop is the likeliest token everywhere
+    logits[:, :, 9] = 4.0
+    denoise_step(
+        cfg, [], logits, canvas, masked, STOPS, torch.tensor(sorted(STOPS)), 0, StepPlan(0, 4, 4),
+        healed=healed,
+    )  # fmt: skip
+    assert int(canvas[0, 1]) == (0 if healed is None else 9)
