@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 EMBEDDED_SMOLLM2_DIR = MODELS_DIR / "embedded_smollm2"
 """`model = embedded`: SmolLM2-135M adapted into a block diffusion infill model. Through the editor
-pipeline it passes 15% of HumanEval-infilling's single-line tasks where the 5M model passes 3%, at
+pipeline it passes 14% of HumanEval-infilling's single-line tasks where the 5M model passes 3%, at
 several times the 5M model's time per request on a CPU (benchmarks/results/embedded_smollm2/)."""
 EMBEDDED_DIR = EMBEDDED_SMOLLM2_DIR
 EMBEDDED_TINY_DIR = MODELS_DIR / "embedded_tiny"
