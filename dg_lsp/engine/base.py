@@ -132,6 +132,8 @@ class LocalEngine:
         text does not begin with it. None when nothing is barred."""
         import torch
 
+        if request.blank_start and not request.first_text:  # the common case: no table to build
+            return None
         barred = torch.zeros(vocab_size, dtype=torch.bool)
         if not request.blank_start:
             barred[[i for i in self.blank_start_ids() if i < vocab_size]] = True

@@ -495,7 +495,7 @@ class MaskedDiffusionEngine(LocalEngine):
         if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
             logp_sum, logp_n = self._speculate(
                 request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
-                blank_start, tail, doc, reuse,
+                blank_start, healed, tail, doc, reuse,
             )  # fmt: skip
             steps = 0  # decoded: the step-by-step loop below has nothing left to do
         with torch.inference_mode():
@@ -578,7 +578,7 @@ class MaskedDiffusionEngine(LocalEngine):
 
     def _speculate(
         self, request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
-        blank_start, tail, doc, reuse,
+        blank_start, healed, tail, doc, reuse,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """`_generate`'s step loop for one row, several steps per pass (`speculative.py`): passes are
         planned as that loop plans them (a full pass first and whenever the tail window is outgrown,
@@ -587,7 +587,6 @@ class MaskedDiffusionEngine(LocalEngine):
         cfg = self.cfg
         span = slice(start, start + length)
         shift = int(self.shift)
-        healed = self.fragment_ids(request)
 
         def advance(logits: torch.Tensor, st: speculative.State):
             canvas, left = st.canvas.clone(), st.masked.clone()
