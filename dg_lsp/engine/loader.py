@@ -163,12 +163,12 @@ def load_engine(settings: Settings) -> InfillEngine:
         from dg_lsp.engine.remote import RemoteEngine
 
         return RemoteEngine(settings.model.removeprefix("remote:"))
+    model_dir = resolve_model_dir(settings.model)  # refused directories never pay for importing torch
+    check_model_files(model_dir)
+    config = read_config(model_dir)
     import torch
 
     torch.set_num_threads(settings.threads)  # process-wide; the worker thread is its only torch user
-    model_dir = resolve_model_dir(settings.model)
-    check_model_files(model_dir)
-    config = read_config(model_dir)
     device = resolve_device(settings.device)
     backend = settings.backend
     from dg_lsp.engine import quantization as quant

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -91,3 +92,35 @@ def test_a_checkpoints_sampler_defaults_sit_under_the_users_options(tmp_path, ca
     config["dg_lsp_sampler"] = ["leftmost"]
     (model / "config.json").write_text(json.dumps(config))
     assert load_engine(Settings(model=str(model), denoising_steps=0)).cfg.confidence == "max_prob"
+
+
+def test_a_refused_model_directory_never_imports_torch(tmp_path):
+    """A server whose model cannot load keeps serving (and telling the user why) without the ~180 MiB that
+    importing torch costs: the directory is checked first."""
+    import subprocess
+    import sys
+
+    fifo_dir = tmp_path / "model"
+    fifo_dir.mkdir()
+    (fifo_dir / "config.json").write_text("{}")
+    os.mkfifo(fifo_dir / "tokenizer.json")
+    code = (
+        "import sys\n"
+        "from dg_lsp.engine.loader import ModelLoadError, load_engine\n"
+        "from dg_lsp.settings import Settings\n"
+        "for model in sys.argv[1:]:\n"
+        "    try:\n"
+        "        load_engine(Settings(model=model))\n"
+        "    except ModelLoadError as exc:\n"
+        "        print('refused:', exc)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "missing"), str(fifo_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.splitlines()
+    assert len(out) == 3 and out[0].startswith("refused:") and out[1].startswith("refused:"), out
+    assert out[-1] == "False"
