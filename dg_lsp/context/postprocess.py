@@ -20,6 +20,7 @@ _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\
 _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _TAIL_PUNCT = set(")]}\"'`;:,")
+_EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
 
 
 def _ws_width(ws: str) -> int:
@@ -219,6 +220,14 @@ def balance(text: str, ctx: InfillContext) -> str:
     return text + "".join("\n" + ctx.indent + c for c in closing)
 
 
+def _recalls_closed_call(text: str, ctx: InfillContext) -> bool:
+    """After `items.pop()` (typed, or a suggestion just accepted) the model's likeliest next words are the
+    empty call again, `pop()()`: it parses, so the syntax check keeps it, and it is almost never meant. Only
+    a candidate made of nothing but the empty pair the line already ends with; an IIFE's `})()` stays."""
+    body = text.strip()
+    return bool(_EMPTY_PAIRS.match(body)) and ctx.line_prefix.rstrip().endswith(body[:2])
+
+
 def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     """The candidate ready to insert at the cursor, or None to drop it."""
     text = candidate.replace("\r\n", "\n").replace("\r", "\n")
@@ -250,6 +259,8 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     if not text.strip():
         return None
     if ctx.replaced and text.strip() == ctx.replaced.strip():
+        return None
+    if _recalls_closed_call(text, ctx):
         return None
     prev = ctx.prefix.rstrip().rsplit("\n", 1)[-1].strip()
     copies_above = text.strip() == prev and not _TRIVIAL_LINE.match(prev)

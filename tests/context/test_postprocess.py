@@ -96,6 +96,11 @@ CASES = [
     ("python", "x = '<|>'\n", "hahaha", "hahaha"),  # prose may laugh
     ("python", "style = {<|>}\n", "'bg': '#5a5a5a'", "'bg': '#5a5a5a'"),  # hex digits repeat on purpose
     ("python", "x = foo(<|>)\n", ")", None),
+    # --- the empty call just closed, again (an accepted `pop()` then ghost text `()`)
+    ("python", "def peek(self):\n    return self.items.pop()<|>\n", "()", None),
+    ("javascript", "const xs = list.slice()<|>\n", "();", None),
+    ("javascript", "(function () {\n  run();\n})<|>\n", "();", "();"),  # an IIFE is called
+    ("python", "x = f()<|>\n", ".strip()", ".strip()"),
     ("python", "x = foo(<|>)\n", "   \n  ", None),
     ("python", "import os\n<|>\n", "import os", None),
     ("tsx", "const a = <div>{<|>}</div>;\n", "items.length}", "items.length"),
