@@ -57,6 +57,7 @@ def plan(
         steps=settings.denoising_steps or None,
         seed=settings.seed,
         doc_key=doc_key,
+        token_healing=settings.token_healing,
         deadline_ms=float(settings.latency_budget_ms) if settings.latency_budget_ms and not invoked else None,
     )
     return ctx, request

@@ -80,6 +80,10 @@ class Settings:
     trust_remote_code: bool = False
     """Asks for a model's own code; it runs only if `LocalPolicy` allows it too."""
     seed: int = 0
+    token_healing: bool = True
+    """Complete a partially typed word from its start: the engine takes the word back out of the prompt, so
+    the model is not stuck on a token boundary mid-word (`self.ite` gave `self.ites[-1]`). Off saves about
+    one pass per mid-word request (benchmarks/results/embedded_smollm2/token_healing/)."""
     threads: int = 1
     """torch threads for the model. One by default: on a busy machine (an editor, a build, the language
     servers) a second intra-op thread made a pass 3-7 times slower than one thread did."""

@@ -163,7 +163,7 @@ class LocalEngine:
     def heal(self, request: InfillRequest) -> InfillRequest:
         """The request with the cursor's partial word taken back out of the prefix (`healing.py`), its
         `syntax_ok` reading candidates that start with that word; the request itself when not healed."""
-        if not self.token_healing or request.first_text:
+        if not (self.token_healing and request.token_healing) or request.first_text:
             return request
         healed = healing.heal(
             request.prefix, lambda s: self.tokenizer.encode(s, add_special_tokens=False), self.token_index()

@@ -96,6 +96,7 @@ def fim_body(
             "language": request.language,
             "deadline_ms": request.deadline_ms,
             "request_id": request_id,
+            "token_healing": None if request.token_healing else False,  # sent only when turned off
         }
         body.update({k: v for k, v in optional.items() if v is not None})
     return body

@@ -37,6 +37,10 @@ class InfillRequest:
     """Soft latency budget for this request, measured from when the engine starts it."""
     syntax_ok: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
     """Optional check (e.g. a tree-sitter parse of prefix+text+suffix) for ranking; never sent remotely."""
+    token_healing: bool = True
+    """Let the engine take the cursor's partial word back out of the prefix and complete it whole
+    (`dg_lsp/engine/healing.py`); the user's `tokenHealing` setting. Backends that cannot bar first tokens
+    ignore it."""
     first_text: str = ""
     """Token healing (`dg_lsp/engine/healing.py`), set by the engine itself: the completion starts with
     this text, the partial word taken back out of `prefix`; only tokens whose text begins with it may

@@ -74,6 +74,7 @@ class FimRequest(BaseModel):
     span_kind: Annotated[str, Field(max_length=64)] | None = None
     blank_start: bool = True
     deadline_ms: Annotated[float, Field(ge=0, le=3.6e6)] | None = None
+    token_healing: bool = True
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -93,6 +94,7 @@ class FimRequest(BaseModel):
             seed=self.seed,
             doc_key=self.document,
             deadline_ms=self.deadline_ms,
+            token_healing=self.token_healing,
         )
 
 

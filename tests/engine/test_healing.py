@@ -118,3 +118,26 @@ def test_a_team_batch_heals_as_a_lone_request_does(engines):
         (cand,) = result.candidates
         assert engine.tokenizer.decode(cand.token_ids[:1]).startswith(fragment)
         assert cand.text == alone.candidates[0].text
+
+
+def test_the_token_healing_setting_reaches_local_and_remote_engines(engines):
+    """`tokenHealing: false` in the editor turns healing off for that request, locally and through a team
+    server's API; it is on by default."""
+    from dg_lsp import context, pipeline
+    from dg_lsp.engine.remote import fim_body
+    from dg_lsp.settings import Settings
+    from dg_lsp.team.api import FimRequest
+
+    text = EXAMPLE[:CURSOR] + "self.it" + EXAMPLE[CURSOR:]
+    snapshot = context.as_snapshot(text, "python")
+    offset = CURSOR + len("self.it")
+    engine = engines["masked"]
+    _, on = pipeline.plan(snapshot, offset, Settings())
+    _, off = pipeline.plan(snapshot, offset, Settings.from_dict({"tokenHealing": False}))
+    assert on.token_healing and engine.heal(on).first_text == "it"
+    assert not off.token_healing and engine.heal(off) is off
+    assert "token_healing" not in fim_body(on, None, extras=True)
+    body = fim_body(off, None, extras=True)
+    assert body["token_healing"] is False
+    assert FimRequest.model_validate(body).infill_request().token_healing is False
+    assert FimRequest.model_validate(fim_body(on, None, extras=True)).infill_request().token_healing

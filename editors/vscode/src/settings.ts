@@ -24,6 +24,7 @@ export const SERVER_SETTINGS: Readonly<Record<string, SettingKind>> = Object.fre
     enabledLanguages: 'stringList',
     trustRemoteCode: 'boolean',
     seed: 'count',
+    tokenHealing: 'boolean',
     threads: 'count',
 });
 
