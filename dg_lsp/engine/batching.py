@@ -132,6 +132,8 @@ class _Job:
     stop_tensor: torch.Tensor
     blank_start: torch.Tensor | None
     healed: torch.Tensor | None
+    around: list | None
+    """Per row: the prompt's tokens for the `copy` commit rule (`MaskedDiffusionEngine.surroundings`)."""
     gen: torch.Generator
     masked: torch.Tensor
     logp_sum: torch.Tensor
@@ -208,6 +210,7 @@ class BatchedMasked:
             stop_tensor=torch.tensor(sorted(stops) or [-1], device=eng.device),
             blank_start=blank,
             healed=eng.fragment_ids(request),
+            around=None if (near := eng.surroundings(ids, start, length)) is None else [near] * rows,
             gen=torch.Generator(device=eng.device).manual_seed(int(request.seed)),
             masked=torch.ones(rows, length, dtype=torch.bool, device=eng.device),
             logp_sum=torch.zeros(rows, device=eng.device),
@@ -299,7 +302,8 @@ class BatchedMasked:
                 parts = []
                 if full:
                     idx = rows_of(full)
-                    lg, fresh = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual)
+                    past = self._prompt_past(ctx, ctx_row[idx], lo) if eng.layout == "block" else (0, None)
+                    lg, fresh = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual, past)
                     for (k, v), (fk, fv) in zip(ctx, fresh, strict=True):
                         k[ctx_row[idx]], v[ctx_row[idx]] = fk, fv
                     parts.append(lg)
@@ -369,6 +373,14 @@ class BatchedMasked:
                 eng.prompt_cache.put(j.request.doc_key, snap)
             r += j.rows
 
+    def _prompt_past(self, ctx, rows: torch.Tensor, lo: int) -> tuple[int, object]:
+        """A block model's later full pass starts at the block: its causal prompt's keys and values (every
+        column before `lo`) are the same whatever the canvas holds, so they come from the context."""
+        cache = new_cache(self.engine.model.config, record=False)
+        for layer, (k, v) in zip(cache.layers, ctx, strict=True):
+            layer.update(k[rows, :, :lo], v[rows, :, :lo])
+        return lo, cache
+
     def _full_pass(
         self, x, attn, pos, idx, lo: int, hi: int, length: int, keep: dict, dual: bool, past=(0, None)
     ):
@@ -434,6 +446,7 @@ class BatchedMasked:
             blank_start=j.blank_start,
             window_end=window,
             healed=j.healed,
+            around=j.around,
         )
         j.logp_sum += done.logp_gain
         j.logp_n += done.commit.sum(dim=-1)

@@ -10,7 +10,11 @@ still finishes the canvas in the remaining steps). Rules from the literature:
 - `entropy`: the lowest-entropy positions while sum(H) - max(H) <= bound (EB-sampler; DiffusionGemma's
   own sampler bounds entropy the same way): the accepted tokens' joint error stays bounded;
 - `prophet`: once every eligible position's top-1 leads its top-2 by at least `gap` in probability,
-  commit them all (Prophet, "diffusion LMs know the answer before decoding": early commit).
+  commit them all (Prophet, "diffusion LMs know the answer before decoding": early commit);
+- `copy`: the run of guesses from the frontier on in which every token completes an n-gram that occurs
+  in the prompt (prompt-lookup decoding, with the model's own guesses as the draft): code re-types the
+  names and phrases around the cursor, and where the model's guess for a still-masked position and the
+  text around the cursor agree on a continuation, the guess is committed without waiting for its turn.
 
 Rules only choose among `eligible` positions (the sampler decides those: masked, inside the block, stops
 only at the frontier), so stop handling and block decoding stay in one place.
@@ -19,10 +23,39 @@ only at the frontier), so stop handling and block decoding stay in one place.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
+
+
+@dataclass(frozen=True)
+class Surroundings:
+    """The prompt's tokens, for rules that copy from the text around the cursor."""
+
+    source: tuple[int, ...]
+    """Every prompt token that is text (special tokens left out), both sides of the cursor."""
+    lead: tuple[int, ...]
+    """The text tokens right before the canvas, in reading order (what the canvas continues)."""
+
+    def ngrams(self, n: int) -> frozenset[tuple[int, ...]]:
+        return _ngrams(self.source, n)
+
+
+_NGRAM_CACHE: dict[tuple[int, tuple[int, ...]], frozenset[tuple[int, ...]]] = {}
+
+
+def _ngrams(source: tuple[int, ...], n: int) -> frozenset[tuple[int, ...]]:
+    """One request's n-grams, built once for all its steps (a one-entry cache: requests come one at a
+    time per engine, and a batch's members differ)."""
+    key = (n, source)
+    hit = _NGRAM_CACHE.get(key)
+    if hit is None:
+        hit = frozenset(source[i : i + n] for i in range(len(source) - n + 1))
+        if len(_NGRAM_CACHE) > 16:
+            _NGRAM_CACHE.clear()
+        _NGRAM_CACHE[key] = hit
+    return hit
 
 
 @dataclass(frozen=True)
@@ -31,6 +64,11 @@ class StepView:
     known_entropy: torch.Tensor | None  # (B, L) token entropy (nats), or None: computed from `logp` if read
     eligible: torch.Tensor  # (B, L) bool: positions a rule may commit now
     logp: torch.Tensor | None = None  # (B, L, V) log-probabilities
+    pred: torch.Tensor | None = None  # (B, L) this step's guess per position
+    canvas: torch.Tensor | None = None  # (B, L) the canvas before this step's commits
+    masked: torch.Tensor | None = None  # (B, L) bool: still masked before this step
+    around: Sequence[Surroundings] | None = field(default=None, compare=False)
+    """Per row: the prompt's tokens (`copy` reads them); None where the engine does not say."""
 
     @property
     def top1(self) -> torch.Tensor:
@@ -90,8 +128,41 @@ def prophet_rule(gap: float) -> Rule:
     return rule
 
 
-RULES = {"threshold": threshold_rule, "factor": factor_rule, "entropy": entropy_rule, "prophet": prophet_rule}
-DEFAULT_PARAMS = {"threshold": 0.9, "factor": 1.0, "entropy": 0.5, "prophet": 0.5}
+def copy_rule(n: float) -> Rule:
+    n = max(1, int(n))
+
+    def rule(v: StepView) -> torch.Tensor:
+        out = torch.zeros_like(v.eligible)
+        if v.around is None or v.pred is None or v.canvas is None or v.masked is None:
+            return out
+        w = v.eligible.shape[-1]
+        for r, around in enumerate(v.around):
+            grams = around.ngrams(n)
+            seq = list(around.lead[-(n - 1) :]) if n > 1 else []
+            masked, eligible = v.masked[r, :w].tolist(), v.eligible[r].tolist()
+            canvas, pred = v.canvas[r, :w].tolist(), v.pred[r, :w].tolist()
+            for j in range(w):
+                if masked[j]:
+                    tok = pred[j]
+                    if not eligible[j] or (*seq[len(seq) - n + 1 :], tok) not in grams:
+                        break  # the run ends at the first guess the prompt does not continue
+                    out[r, j] = True
+                else:
+                    tok = canvas[j]
+                seq.append(tok)
+        return out
+
+    return rule
+
+
+RULES = {
+    "threshold": threshold_rule,
+    "factor": factor_rule,
+    "entropy": entropy_rule,
+    "prophet": prophet_rule,
+    "copy": copy_rule,
+}
+DEFAULT_PARAMS = {"threshold": 0.9, "factor": 1.0, "entropy": 0.5, "prophet": 0.5, "copy": 3.0}
 
 
 def parse_rules(specs: Sequence[str] | str | None) -> list[tuple[str, float]]:
@@ -117,11 +188,19 @@ def build(rules: Sequence[tuple[str, float]]) -> list[Rule]:
     return [RULES[name](value) for name, value in rules]
 
 
-def view(logits: torch.Tensor, eligible: torch.Tensor, logp: torch.Tensor | None = None) -> StepView:
+def view(
+    logits: torch.Tensor,
+    eligible: torch.Tensor,
+    logp: torch.Tensor | None = None,
+    pred: torch.Tensor | None = None,
+    canvas: torch.Tensor | None = None,
+    masked: torch.Tensor | None = None,
+    around: Sequence[Surroundings] | None = None,
+) -> StepView:
     """`logp`: the step's log-softmax when the sampler already has it (saves a pass over the vocabulary)."""
     if logp is None:
         logp = torch.log_softmax(logits.float(), dim=-1)
-    return StepView(logp.topk(2, dim=-1).values.exp(), None, eligible, logp)
+    return StepView(logp.topk(2, dim=-1).values.exp(), None, eligible, logp, pred, canvas, masked, around)
 
 
 def select(v: StepView, rules: Sequence[Rule], quota_mask: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ uses a fifth of its canvas, and a canvas pass costs about the positions it recom
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -328,6 +329,20 @@ class MaskedDiffusionEngine(LocalEngine):
         own = cfg.threshold is not None and "threshold" in bare
         return [(n, float(cfg.threshold)) if n == "threshold" and own else (n, v) for n, v in specs]
 
+    def surroundings(self, ids: list[int], start: int, length: int) -> commit_rules.Surroundings | None:
+        """The prompt's text tokens around a canvas at `start`, for the `copy` commit rule; None when no
+        configured rule reads them (most requests: the walk costs nothing then)."""
+        if not any(name == "copy" for name, _ in self.rule_specs()):
+            return None
+        special = self._special_ids
+        head = [t for t in ids[:start] if t not in special and t < self.logits_vocab]
+        tail = [t for t in ids[start + length :] if t not in special and t < self.logits_vocab]
+        return commit_rules.Surroundings(tuple(head + tail), tuple(head[-16:]))
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(int(i) for i in self.tokenizer.all_special_ids) | {self.mask_id}
+
     def describe(self) -> dict[str, str]:
         return {
             **super().describe(),
@@ -486,16 +501,19 @@ class MaskedDiffusionEngine(LocalEngine):
         stop_tensor = torch.tensor(sorted(stops) or [-1], device=self.device)
         blank_start = self.first_token_bars(request, self.logits_vocab)
         healed = self.fragment_ids(request)
+        near = self.surroundings(ids, start, length)
+        around = None if near is None else [near] * batch
         ctx = None
         tail = TailWindow(cfg.trim_margin) if cfg.trim_tail and self.dual_on() and not block else None
         doc: tuple[KVSnapshot | None, int] = (None, 0)
         reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
+        again = _Again(self.layout == "block", start - int(self.shift), ids)
         if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
             logp_sum, logp_n = self._speculate(
                 request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
-                blank_start, healed, tail, doc, reuse,
+                blank_start, healed, tail, doc, reuse, around, again,
             )  # fmt: skip
             steps = 0  # decoded: the step-by-step loop below has nothing left to do
         with torch.inference_mode():
@@ -512,12 +530,13 @@ class MaskedDiffusionEngine(LocalEngine):
                     window = tail.window()
                 self._last_full = None
                 logits, ctx = self._canvas_logits(
-                    x, start, length, ctx, refresh, doc if step == 0 else (None, 0), window, pad=bool(block)
+                    x, start, length, ctx, refresh, doc if step == 0 else again.doc, window, pad=bool(block)
                 )
                 full_pass = self._last_full is not None
                 self.last_windows.append(length if full_pass or window is None else window[1] - window[0])
                 if step == 0 and full_pass:
                     self._after_first_pass(stats, request, ids, start, doc, reuse)
+                    again.keep(self._last_full)
                 stats.forward_passes += 1
                 plan, region = StepPlan(step, steps, steps - step), None
                 if blocks is not None:
@@ -538,6 +557,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     window_end=window[1] if window is not None and not block else None,
                     region=region,
                     healed=healed,
+                    around=around,
                 )
                 pred = done.pred
                 logp_sum += done.logp_gain
@@ -578,7 +598,7 @@ class MaskedDiffusionEngine(LocalEngine):
 
     def _speculate(
         self, request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
-        blank_start, healed, tail, doc, reuse,
+        blank_start, healed, tail, doc, reuse, around, again,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """`_generate`'s step loop for one row, several steps per pass (`speculative.py`): passes are
         planned as that loop plans them (a full pass first and whenever the tail window is outgrown,
@@ -594,7 +614,7 @@ class MaskedDiffusionEngine(LocalEngine):
             done = denoise_step(
                 cfg, rules, logits.clone(), canvas, left, stops, stop_tensor, self.fill_id,
                 StepPlan(st.step, steps, steps - st.step), blank_start=blank_start,
-                window_end=w if w < length else None, healed=healed,
+                window_end=w if w < length else None, healed=healed, around=around,
             )  # fmt: skip
             return speculative.State(canvas, left, st.step + 1), done
 
@@ -613,10 +633,11 @@ class MaskedDiffusionEngine(LocalEngine):
                 if full:
                     x[:, span] = st.canvas
                     self._last_full = None
-                    first_doc = doc if st.step == 0 else (None, 0)
+                    first_doc = doc if st.step == 0 else again.doc
                     lg, ctx = self._canvas_logits(x, start, length, None, False, first_doc)
                     if st.step == 0 and self._last_full is not None:
                         self._after_first_pass(stats, request, ids, start, doc, reuse)
+                        again.keep(self._last_full)
                     chain, rows = [], [st]
                     self.last_windows.append(length)
                 else:
@@ -753,6 +774,25 @@ def _remote_failure(exc: BaseException, config: dict, trusted: bool) -> None:
         from dg_lsp.engine.loader import ModelLoadError
 
         raise ModelLoadError(message) from exc
+
+
+@dataclass
+class _Again:
+    """What a request's later full passes (its span outgrew the tail window, or a context refresh) may take
+    from its first one. A block model reads its prompt causally, so the prompt's keys and values do not
+    depend on the canvas: those passes recompute only the block, with the same result as recomputing
+    everything (~300 prompt tokens, several canvas passes' worth). Other layouts' prompts attend to the
+    canvas, so their full passes stay full."""
+
+    exact_prompt: bool
+    prompt_len: int
+    """Positions before the first one a pass recomputes (the canvas, or the token before it when shifted)."""
+    ids: list[int]
+    doc: tuple[KVSnapshot | None, int] = (None, 0)
+
+    def keep(self, cache) -> None:
+        if self.exact_prompt and cache is not None:
+            self.doc = (_row0_snapshot(cache, self.ids), self.prompt_len)
 
 
 def _row0_snapshot(cache, ids: list[int]) -> KVSnapshot:

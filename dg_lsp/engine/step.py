@@ -8,6 +8,7 @@ says through `window_end` and `region`; everything that decides commits lives he
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,7 @@ def denoise_step(
     window_end: int | None = None,
     region: torch.Tensor | None = None,
     healed: torch.Tensor | None = None,
+    around: Sequence[commit_rules.Surroundings] | None = None,
 ) -> Committed:
     """Commit this step's tokens into `canvas` and clear them from `masked` (both in place), then fill
     the positions after a committed stop. `logits` (rows, >= window, V) float, edited in place; rows
@@ -58,7 +60,8 @@ def denoise_step(
     committed and the vocabulary-wide work (softmax, top-2, argmax) is done for those positions alone;
     `logits` may then hold just them. `region`: (rows, L) bool, the current block when decoding block
     by block. `healed`: the healed fragment's own ids (`LocalEngine.fragment_ids`); once one of them is
-    committed at position 0, the span must still add `min_tokens` tokens after it."""
+    committed at position 0, the span must still add `min_tokens` tokens after it. `around`: per row, the
+    prompt's tokens, for commit rules that copy from them."""
     rows, length = masked.shape
     w = length if window_end is None else min(window_end, length)
     lg = logits[:, :w]
@@ -102,7 +105,8 @@ def denoise_step(
     # rule or the quota may pick lies inside the window
     eligible = active[:, :w]
     at_quota = sampler.select_commits(conf, eligible, need, None, at_least_one=cfg.schedule != "dream")
-    chosen = commit_rules.select(commit_rules.view(lg, eligible, logp=logp), rules, at_quota)
+    beliefs = commit_rules.view(lg, eligible, logp, pred[:, :w], canvas, masked, around)
+    chosen = commit_rules.select(beliefs, rules, at_quota)
     commit = torch.zeros_like(masked)
     commit[:, :w] = chosen
     canvas[commit] = pred[commit]

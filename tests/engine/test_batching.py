@@ -232,3 +232,31 @@ def test_batched_ar_reuses_each_documents_prompt_exactly(fp32):
         assert b.stats.reused_prompt_tokens <= a.stats.reused_prompt_tokens
         assert a.candidates[0].token_ids == b.candidates[0].token_ids
     assert [r.stats.reused_prompt_tokens > 0 for r in together] == [True, True, False]
+
+
+def test_a_block_models_rows_refresh_without_reading_their_prompts_again(fp32):
+    """The shipped block model with no tail margin, so spans outgrow their windows: a batch's later full
+    passes start at the block (its causal prompt's keys and values come from the context) and each row
+    decodes what it decodes alone, where the same holds (tests/models/test_block_llama.py)."""
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    engine = MaskedDiffusionEngine(
+        SMOLLM2_DIR, sampler=MaskedSamplerConfig(trim_margin=0), use_continuation_cache=False
+    )
+    engine.use_prompt_cache = False
+    requests = cursors(4)
+    alone = [(engine.infill(r), list(engine.last_windows)) for r in requests]
+    assert any(32 in ws[1:] for _, ws in alone), "no span outgrew its window: the test checks nothing"
+    fed: list[int] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        runner = BatchedMasked(engine)
+        together = runner.run(requests)
+    finally:
+        hook.remove()
+    assert max(fed[1:]) <= 32 + 1 < fed[0]  # only the first pass reads the prompts
+    for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
+        assert runner.last_windows[i] == ws
+        assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]

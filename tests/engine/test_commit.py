@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -63,8 +65,65 @@ def test_select_is_the_union_of_the_quota_and_the_rules():
 def test_masked_engine_reports_its_commit_rules(tiny_masked_dir):
     from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
 
-    engine = MaskedDiffusionEngine(tiny_masked_dir, sampler=MaskedSamplerConfig.from_options(
-        {"masked": {"commit": ["factor:1.5", "threshold"], "threshold": 0.8}}))
+    engine = MaskedDiffusionEngine(
+        tiny_masked_dir,
+        sampler=MaskedSamplerConfig.from_options(
+            {"masked": {"commit": ["factor:1.5", "threshold"], "threshold": 0.8}}
+        ),
+    )
     assert engine.describe()["commit"] == "factor:1.5,threshold:0.8"
     with pytest.raises(ValueError, match="unknown commit rule"):
         MaskedSamplerConfig.from_options({"masked": {"commit": "nope"}})
+
+
+def _copy_view(pred, masked, canvas=None, eligible=None, around=None):
+    p = torch.tensor([pred])
+    m = torch.tensor([masked])
+    c = torch.tensor([canvas]) if canvas is not None else torch.zeros_like(p)
+    el = torch.tensor([eligible]) if eligible is not None else m.clone()
+    return commit.StepView(torch.ones(1, len(pred), 2) / 2, None, el, None, p, c, m, around)
+
+
+def test_copy_commits_the_run_of_guesses_that_continue_the_prompts_ngrams():
+    around = [commit.Surroundings(source=(1, 2, 3, 4, 5, 6, 7), lead=(1, 2))]
+    rule = commit.copy_rule(3)
+    # (1,2|3) (2,3|4) (3,4|5) occur in the prompt, (4,5|9) does not: the run ends there
+    v = _copy_view([3, 4, 5, 9, 6], [True] * 5, around=around)
+    assert rule(v).tolist() == [[True, True, True, False, False]]
+    # committed tokens take part in the n-grams; only masked positions are picked
+    v = _copy_view([0, 4, 5, 6, 0], [False, True, True, True, True], canvas=[3, 0, 0, 0, 0], around=around)
+    assert rule(v).tolist() == [[False, True, True, True, False]]
+    # a position the sampler may not commit now (a stop away from the frontier) ends the run
+    v = _copy_view([3, 4, 5], [True] * 3, eligible=[True, False, True], around=around)
+    assert rule(v).tolist() == [[True, False, False]]
+    # a longer n-gram asks for more: (1,2,3|9)... and no prompt, nothing
+    assert not commit.copy_rule(4)(_copy_view([9, 4], [True, True], around=around)).any()
+    assert not rule(_copy_view([3, 4], [True, True])).any()
+    assert commit.parse_rules("threshold,copy") == [("threshold", 0.9), ("copy", 3.0)]
+
+
+def test_copy_lets_the_shipped_model_retype_a_line_in_fewer_passes():
+    """At a cursor whose line repeats one above it, the copy rule commits several tokens in a pass and the
+    completion is the one decoding left to right gives."""
+    from dg_lsp.engine.loader import EMBEDDED_DIR
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    engine = MaskedDiffusionEngine(EMBEDDED_DIR, use_continuation_cache=False)
+    engine.use_prompt_cache = False
+    assert engine.surroundings([1, 2], 1, 1) is None  # no rule reads the prompt: nothing is built
+    prefix = (
+        "def save(self, key, value):\n"
+        "    self.root.mkdir(parents=True, exist_ok=True)\n"
+        "    self.path(key).write_text(json.dumps(value))\n\n"
+        "def save_all(self, items):\n"
+        "    self.root.mkdir("
+    )
+    request = InfillRequest(prefix, "\n", max_tokens=16, single_line=True)
+    plain = engine.infill(request)
+    plain_commits = list(engine.last_commits)
+    engine.cfg = dataclasses.replace(engine.cfg, commit=("threshold", "copy"))
+    copied = engine.infill(request)
+    assert copied.candidates[0].text == plain.candidates[0].text == "parents=True, exist_ok=True)"
+    assert sum(n > 1 for n in engine.last_commits) > sum(n > 1 for n in plain_commits)
+    assert copied.stats.forward_passes < plain.stats.forward_passes

@@ -387,3 +387,37 @@ def test_embedded_tiny_names_the_5m_model():
 
     config = json.loads((resolve_model_dir("embedded-tiny") / "config.json").read_text())
     assert config["hidden_size"] == 192 and config["num_hidden_layers"] == 4
+
+
+def test_a_block_requests_later_full_passes_recompute_only_the_block(tiny_adapted):
+    """A pass after the first that must refresh every canvas position (here every third step; in use,
+    once a span outgrows its tail window) takes a block model's prompt keys and values from the first
+    pass, whose causal prompt does not depend on the canvas, and feeds only the block. It decodes exactly
+    what full passes over everything at every step decode."""
+    from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+    from dg_lsp.engine.types import InfillRequest
+
+    run = tiny_adapted["block"] / "last"
+    requests = [
+        InfillRequest(prefix=f"def f{i}(a, b):\n    return ", suffix="\n\nprint(1)\n", max_tokens=16, steps=8)
+        for i in range(3)
+    ]
+    plain = MaskedDiffusionEngine(run, sampler=MaskedSamplerConfig(dual_cache=False, threshold=None))
+    plain.model.float()
+    reference = [plain.infill(r).candidates[0].token_ids for r in requests]
+
+    cfg = MaskedSamplerConfig(threshold=None, refresh_every=3, trim_tail=False)
+    engine = MaskedDiffusionEngine(run, sampler=cfg, use_continuation_cache=False)
+    engine.model.float()
+    fed: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    for request, expected in zip(requests, reference, strict=True):
+        fed.clear()
+        result = engine.infill(request)
+        ids, _ = engine.canvas(request, 16)
+        assert fed[0] == len(ids)  # the first pass reads the prompt
+        assert fed[1:4] == [16 + 1] * 3  # the block token before the canvas, then the canvas: no prompt
+        assert len(fed) == 8 and engine.last_windows[3] == 16
+        assert result.candidates[0].token_ids == expected
