@@ -503,7 +503,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
             else "Scored on the engine's raw first candidate. "
         )
         + (f"Masked sampler options: `{' '.join(args.masked)}`. " if args.masked else "")
-        + "".join(f"For `{m.rpartition(':')[0]}` also `{m.rpartition(':')[2]}`. " for m in args.model_masked)
+        + "".join(f"Per model (NAME:OPTION): `{m}`. " for m in args.model_masked)
         + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
         + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
         + (f"{args.mid_word} cursors inside a word of held-out files; " if args.mid_word else "")
@@ -657,8 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     per_model = {name: {**opts, "masked": dict(opts["masked"])} for name in models}
     for spec in args.model_masked:
-        name, _, option = spec.rpartition(":")
-        if name not in models or "=" not in option:
+        # the longest model name the spec starts with: values may hold colons (`commit=copy:2`)
+        name = max((m for m in models if spec.startswith(m + ":")), key=len, default="")
+        option = spec[len(name) + 1 :]
+        if not name or "=" not in option:
             ap.error(f"--model-masked {spec!r}: expected NAME:KEY=VALUE with NAME one of {sorted(models)}")
         key, value = option.split("=", 1)
         per_model[name]["masked"][key] = _option_value(value)

@@ -145,7 +145,9 @@ class MaskedSamplerConfig:
             kwargs["buckets"] = tuple(int(b) for b in kwargs["buckets"])
         if kwargs.get("commit") is not None:
             raw_rules = kwargs["commit"]
-            kwargs["commit"] = tuple([raw_rules] if isinstance(raw_rules, str) else raw_rules)
+            if isinstance(raw_rules, str):  # "threshold,copy:2", as the setting may spell it
+                raw_rules = [r.strip() for r in raw_rules.split(",") if r.strip()]
+            kwargs["commit"] = tuple(raw_rules)
             commit_rules.parse_rules(kwargs["commit"])  # a clear error for a bad rule, at load
         if steps and "steps" not in kwargs:
             kwargs["steps"] = int(steps)

@@ -74,6 +74,8 @@ def test_masked_engine_reports_its_commit_rules(tiny_masked_dir):
     assert engine.describe()["commit"] == "factor:1.5,threshold:0.8"
     with pytest.raises(ValueError, match="unknown commit rule"):
         MaskedSamplerConfig.from_options({"masked": {"commit": "nope"}})
+    spelled = MaskedSamplerConfig.from_options({"masked": {"commit": "threshold, copy:2"}})
+    assert spelled.commit == ("threshold", "copy:2")  # the comma-separated form the setting documents
 
 
 def _copy_view(pred, masked, canvas=None, eligible=None, around=None):
