@@ -46,8 +46,8 @@ _NGRAM_CACHE: dict[tuple[int, tuple[int, ...]], frozenset[tuple[int, ...]]] = {}
 
 
 def _ngrams(source: tuple[int, ...], n: int) -> frozenset[tuple[int, ...]]:
-    """One request's n-grams, built once for all its steps (a one-entry cache: requests come one at a
-    time per engine, and a batch's members differ)."""
+    """One request's n-grams, built once for all its steps and batch rows: a small cache (emptied past 16
+    prompts) keyed by the prompt itself, so no request can read another's."""
     key = (n, source)
     hit = _NGRAM_CACHE.get(key)
     if hit is None:
