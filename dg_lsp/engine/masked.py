@@ -511,7 +511,7 @@ class MaskedDiffusionEngine(LocalEngine):
         reuse = self.use_prompt_cache and self.dual_on()
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
-        again = _Again(self.layout == "block", start - int(self.shift), ids)
+        again = _Again(self.layout == "block", start - int(self.shift))
         if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
             logp_sum, logp_n = self._speculate(
                 request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
@@ -537,8 +537,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 full_pass = self._last_full is not None
                 self.last_windows.append(length if full_pass or window is None else window[1] - window[0])
                 if step == 0 and full_pass:
-                    self._after_first_pass(stats, request, ids, start, doc, reuse)
-                    again.keep(self._last_full)
+                    self._after_first_pass(stats, request, ids, start, doc, reuse, again)
                 stats.forward_passes += 1
                 plan, region = StepPlan(step, steps, steps - step), None
                 if blocks is not None:
@@ -587,12 +586,19 @@ class MaskedDiffusionEngine(LocalEngine):
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
 
-    def _after_first_pass(self, stats, request, ids: list[int], start: int, doc, reuse: bool) -> None:
+    def _after_first_pass(
+        self, stats, request, ids: list[int], start: int, doc, reuse: bool, again: _Again
+    ) -> None:
         """A request's first full pass: count the prompt KV it took from the document's previous request,
-        and keep this prompt's KV for the next one."""
+        and keep this prompt's KV (one snapshot) for the next request and for this one's later full passes."""
         stats.reused_prompt_tokens = min(doc[1], start - 1 if self.shift else start)
-        if reuse and request.doc_key is not None:
-            self.prompt_cache.put(request.doc_key, _row0_snapshot(self._last_full, ids))
+        keep_doc = reuse and request.doc_key is not None
+        if not (keep_doc or again.exact_prompt):
+            return
+        snap = _row0_snapshot(self._last_full, ids)
+        if keep_doc:
+            self.prompt_cache.put(request.doc_key, snap)
+        again.keep(snap)
 
     def _note_step_ms(self, ms: float) -> None:
         """The running ms per denoising step that the latency budget's step cap reads."""
@@ -638,8 +644,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     first_doc = doc if st.step == 0 else again.doc
                     lg, ctx = self._canvas_logits(x, start, length, None, False, first_doc)
                     if st.step == 0 and self._last_full is not None:
-                        self._after_first_pass(stats, request, ids, start, doc, reuse)
-                        again.keep(self._last_full)
+                        self._after_first_pass(stats, request, ids, start, doc, reuse, again)
                     chain, rows = [], [st]
                     self.last_windows.append(length)
                 else:
@@ -789,12 +794,12 @@ class _Again:
     exact_prompt: bool
     prompt_len: int
     """Positions before the first one a pass recomputes (the canvas, or the token before it when shifted)."""
-    ids: list[int]
     doc: tuple[KVSnapshot | None, int] = (None, 0)
 
-    def keep(self, cache) -> None:
-        if self.exact_prompt and cache is not None:
-            self.doc = (_row0_snapshot(cache, self.ids), self.prompt_len)
+    def keep(self, snap: KVSnapshot) -> None:
+        """`snap`: the first pass's keys and values (row 0)."""
+        if self.exact_prompt:
+            self.doc = (snap, self.prompt_len)
 
 
 def _row0_snapshot(cache, ids: list[int]) -> KVSnapshot:
