@@ -209,9 +209,33 @@ class LeanGemma3(nn.Module):
 PROBE = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n"
 
 
-def adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
+def int8_capable(model: nn.Module) -> bool:
+    """Whether `adopt(..., int8=True)` can run `model`'s narrow passes in dynamic int8 (the lean Llama
+    forward does; the 5M Gemma3 models, at 4 layers of width 192, are not bound by reading weights)."""
+    from dg_lsp.engine import lean_llama
+
+    return lean_llama.supported(model) is None
+
+
+def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, str]:
     """(the lean forward, "lean") when it supports `model` and matches it on a probe (one full pass both
-    ways); else (`model`, why not), for `describe()`."""
+    ways); else (`model`, why not), for `describe()`. `int8`: narrow passes in dynamic int8 where the
+    forward and this torch can (`cpu_int8`); the kind says whether they do."""
+    lean_model, kind = _adopt(model, tokenizer)
+    if not int8:
+        return lean_model, kind
+    from dg_lsp.engine import cpu_int8
+
+    why = None if hasattr(lean_model, "use_int8") else "this forward has no int8 path"
+    why = why or cpu_int8.unavailable()
+    if why is not None:
+        log.warning("int8 off: %s", why)
+        return lean_model, f"{kind} (int8 off: {why})"
+    lean_model.use_int8()
+    return lean_model, f"{kind}, int8 up to {cpu_int8.MAX_ROWS} rows"
+
+
+def _adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
     from dg_lsp.engine import lean_llama
 
     cls, why = LeanGemma3, supported(model)

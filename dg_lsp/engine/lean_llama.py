@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dg_lsp.engine.cpu_int8 import Int8Linears
 from dg_lsp.engine.lean import plain_projections
 
 
@@ -65,6 +66,21 @@ class LeanLlama(nn.Module):
         self.final_norm = base.norm
         self.lm_head = model.lm_head.weight
         self.inner = model  # keeps the originals (and the fallback) alive
+        self.int8: Int8Linears | None = None
+        """Packed int8 copies for narrow passes (`use_int8`); None: every matmul in the model's dtype."""
+
+    def use_int8(self) -> None:
+        """Multiply narrow passes (canvas passes, AR steps) in dynamic int8 (`cpu_int8`); the LM head stays
+        in the model's dtype (per-tensor int8 of its input cost the most agreement)."""
+        weights = []
+        for layer in self.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            weights += [p.weight for p in (att.q_proj, att.k_proj, att.v_proj, att.o_proj)]
+            weights += [p.weight for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
+        self.int8 = Int8Linears(weights)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight) if self.int8 is None else self.int8.linear(x, weight)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -115,19 +131,20 @@ class LeanLlama(nn.Module):
         for i, layer in enumerate(self.layers):
             att, mlp = layer.self_attn, layer.mlp
             x = self._norm(h, layer.input_layernorm)
-            q = F.linear(x, att.q_proj.weight).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            k = F.linear(x, att.k_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = F.linear(x, att.v_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            lin = self._linear
+            q = lin(x, att.q_proj.weight).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = lin(x, att.k_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = lin(x, att.v_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             if cache is not None:
                 k, v = cache.update(k, v, i)
             a = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling, enable_gqa=True
             )
-            h = h + F.linear(a.transpose(1, 2).reshape(b, t, -1), att.o_proj.weight)
+            h = h + lin(a.transpose(1, 2).reshape(b, t, -1), att.o_proj.weight)
             x = self._norm(h, layer.post_attention_layernorm)
-            h = h + F.linear(F.silu(F.linear(x, mlp.gate_proj.weight)) * F.linear(x, mlp.up_proj.weight),
-                             mlp.down_proj.weight)  # fmt: skip
+            gated = F.silu(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight)
+            h = h + lin(gated, mlp.down_proj.weight)
         return h
 
     def _chunks(self, input_ids: torch.Tensor, padding: torch.Tensor | None, past: int):
@@ -193,5 +210,5 @@ class LeanLlama(nn.Module):
             h = h[:, logits_to_keep]
         h = self._norm(h, self.final_norm)
         return SimpleNamespace(
-            logits=F.linear(h, self.lm_head), cache=cache if use_cache or not own_cache else None
+            logits=self._linear(h, self.lm_head), cache=cache if use_cache or not own_cache else None
         )

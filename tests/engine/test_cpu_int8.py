@@ -1,0 +1,78 @@
+"""Dynamic int8 narrow passes of the lean Llama forward (dg_lsp/engine/cpu_int8.py), on tiny random Llamas
+and through the engines; the shipped models' completions in int8 are asserted in
+tests/models/test_embedded_smollm2.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dg_lsp.engine import cpu_int8, lean_llama
+from dg_lsp.engine.kv import new_cache
+from tests.engine.test_lean_llama import ids_with_block, tiny
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_fbgemm():
+    why = cpu_int8.unavailable()
+    if why is not None:  # torch 2.13 on x86 (CI) has it; a torch that dropped the ops keeps bf16
+        pytest.skip(f"dynamic int8 unavailable here: {why}")
+
+
+def test_packed_linear_is_close_to_fp32_and_takes_only_narrow_inputs():
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(48, 80, generator=gen) * 0.05
+    packs = cpu_int8.Int8Linears([w])
+    narrow = torch.randn(2, 5, 80, generator=gen)
+    got, ref = packs.linear(narrow, w), narrow @ w.T
+    assert got.shape == ref.shape == (2, 5, 48)
+    assert 0 < float((got - ref).norm() / ref.norm()) < 0.03  # int8 really ran, and stayed close
+    wide = torch.randn(1, cpu_int8.MAX_ROWS + 1, 80, generator=gen)
+    torch.testing.assert_close(packs.linear(wide, w), wide @ w.T, rtol=0, atol=0)
+    other = torch.randn(48, 80, generator=gen)  # not packed: plain matmul whatever the width
+    torch.testing.assert_close(packs.linear(narrow, other), narrow @ other.T, rtol=0, atol=0)
+    assert packs.bytes == w.numel()
+
+
+def test_block_model_canvas_passes_in_int8_prompt_passes_unchanged():
+    """The engine's pattern: a cold prompt (wide: bf16/fp32 weights, bit-identical), then canvas passes
+    against its cached keys (narrow: int8, close to the plain forward and the same argmax)."""
+    model = tiny(block=True, seed=3)
+    plain, fast = lean_llama.LeanLlama(model), lean_llama.LeanLlama(model)
+    fast.use_int8()
+    assert plain.int8 is None and fast.int8 is not None
+    x = ids_with_block(1, 90, 12, seed=4)
+    prompt, canvas = x[:, :90], x[:, 90:]
+    pos = torch.arange(90, 103).unsqueeze(0)
+    with torch.inference_mode():
+        c_plain, c_fast = new_cache(model.config), new_cache(model.config)
+        a = plain(input_ids=prompt, cache=c_plain, use_cache=True).logits
+        b = fast(input_ids=prompt, cache=c_fast, use_cache=True).logits
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        a = plain(input_ids=canvas, position_ids=pos, cache=c_plain).logits
+        b = fast(input_ids=canvas, position_ids=pos, cache=c_fast).logits
+    err = float((a - b).norm() / a.norm())
+    assert 0 < err < 0.05, err
+    assert float((a.argmax(-1) == b.argmax(-1)).float().mean()) >= 0.9
+
+
+@pytest.mark.parametrize("kind", ["masked", "ar"])
+def test_int8_setting_runs_the_shipped_models_narrow_passes_in_int8(kind):
+    """`quantization = "int8"` on the CPU reaches the lean forward (not the dequantize-per-call linears,
+    which would switch the lean forward off) and the engine still completes."""
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.loader import resolve_model_dir
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    cls, name = (MaskedDiffusionEngine, "embedded") if kind == "masked" else (AutoregressiveEngine, None)
+    model_dir = resolve_model_dir(name) if name else resolve_model_dir("embedded").parent / "ar_twin_smollm2"
+    engine = cls(model_dir, quantization="int8")
+    info = engine.describe()
+    assert info["quantization"] == "int8"
+    assert info["forward"] == f"lean, int8 up to {cpu_int8.MAX_ROWS} rows", info
+    assert isinstance(engine.model, lean_llama.LeanLlama) and engine.model.int8 is not None
+    prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
+    prefix += "    def size(self):\n        return "
+    out = engine.infill(InfillRequest(prefix=prefix, suffix="\n", max_tokens=8, steps=8, seed=0))
+    assert "self.items" in out.best, out  # the class state, as the bf16 models write
