@@ -93,6 +93,7 @@ class Summary:
     model: str
     backend: str
     parameters: str
+    forward: str = ""
     suites: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -290,6 +291,7 @@ def _load_engine(
     masked: dict | None = None,
     dtype: str = "auto",
     threads: int = 1,
+    quantization: str = "auto",
 ):
     import torch
 
@@ -304,6 +306,7 @@ def _load_engine(
             sampler=MaskedSamplerConfig.from_options(masked or {}, steps=steps, model_defaults=defaults),
             use_continuation_cache=False,
             dtype=dtype,
+            quantization=quantization,
         )
         engine.use_prompt_cache = False
         return engine
@@ -327,6 +330,7 @@ def _load_engine(
         use_prompt_cache=False,
         use_continuation_cache=False,
         dtype=dtype,
+        quantization=quantization,
     )
 
 
@@ -373,6 +377,7 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
         args.get("masked"),
         args.get("dtype", "auto"),
         args.get("threads", 1),
+        args.get("quantization", "auto"),
     )
     engine.token_healing = engine.token_healing and args.get("heal", True)
     info = engine.describe()
@@ -412,7 +417,9 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
                 generated,
             )
         )
-    summary = Summary(model_dir, info.get("backend", kind), info.get("parameters", "?"))
+    summary = Summary(
+        model_dir, info.get("backend", kind), info.get("parameters", "?"), str(info.get("forward", ""))
+    )
     for suite in dict.fromkeys(o.suite for o in outcomes):
         rows = [o for o in outcomes if o.suite == suite]
         shown = [o for o in rows if o.completion.strip()]
@@ -504,6 +511,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         )
         + (f"Masked sampler options: `{' '.join(args.masked)}`. " if args.masked else "")
         + "".join(f"Per model (NAME:OPTION): `{m}`. " for m in args.model_masked)
+        + (f"Quantization setting `{args.quantization}`. " if args.quantization != "auto" else "")
+        + "".join(f"Per model quantization: `{m}`. " for m in args.model_quantization)
         + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
         + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
         + (f"{args.mid_word} cursors inside a word of held-out files; " if args.mid_word else "")
@@ -532,7 +541,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
             lines.append(f"| {suite} | {s['tasks']} | {metric} | " + " | ".join(vals) + " |")
     lines += ["", "Models:", ""]
     for name, summ in summaries.items():
-        lines.append(f"- {name}: `{summ.model}` ({summ.backend}, {summ.parameters} parameters)")
+        forward = f", forward: {summ.forward}" if summ.forward else ""
+        lines.append(f"- {name}: `{summ.model}` ({summ.backend}, {summ.parameters} parameters{forward})")
     lines += [
         "",
         "nonempty_parsing: share of completions that are non-blank and leave prefix + completion + suffix "
@@ -576,6 +586,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--dtype", default="auto", help="the dtype setting: auto, float32, bfloat16, float16")
+    ap.add_argument("--quantization", default="auto", help="the quantization setting: auto, none, int8")
+    ap.add_argument(
+        "--model-quantization",
+        action="append",
+        default=[],
+        metavar="NAME=KIND",
+        help="the quantization setting for the model named NAME alone (e.g. 'diffusion, int8=int8')",
+    )
     ap.add_argument(
         "--mid-word",
         type=int,
@@ -651,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         "through": args.through,
         "candidates": args.candidates,
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "threads": args.threads,
         "heal": not args.no_heal,
         "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
@@ -664,6 +683,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--model-masked {spec!r}: expected NAME:KEY=VALUE with NAME one of {sorted(models)}")
         key, value = option.split("=", 1)
         per_model[name]["masked"][key] = _option_value(value)
+    for spec in args.model_quantization:
+        name, _, kind = spec.rpartition("=")
+        if name not in models:
+            ap.error(f"--model-quantization {spec!r}: expected NAME=KIND with NAME one of {sorted(models)}")
+        per_model[name]["quantization"] = kind
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {
             name: pool.submit(evaluate_model, backend_of(d), d, tasks, per_model[name])
