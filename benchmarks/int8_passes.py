@@ -1,0 +1,133 @@
+"""One forward pass of the shipped SmolLM2 models (`embedded` and its AR twin), in bf16 and with
+`quantization = "int8"` (dg_lsp/engine/cpu_int8.py: narrow passes multiply in dynamic int8).
+
+The passes the engines run against a cached 320-token prompt (about what the server's prompt budget
+gives): canvas passes of 1, 13 and 33 positions (a block marker plus 0, 12 or 32 masks: a trimmed tail,
+the default 12-token canvas, a multi-line one), the AR twin's one-token step, and the cold prompt pass
+(prompt + 13-position block), which stays in bf16 either way. Time is the thread's CPU time (best of 5
+rounds of 10 calls, 1 torch thread), loaded through the engines as a user's settings load them.
+
+    python benchmarks/int8_passes.py --out benchmarks/results/embedded_smollm2/int8/passes
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import common
+import torch
+
+PROMPT = 320
+
+
+def _cpu_ms(fn, rounds: int = 5, calls: int = 10) -> float:
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - t) / calls * 1000)
+    return best
+
+
+def _passes(engine, block: int | None) -> dict[str, callable]:
+    from dg_lsp.engine.kv import new_cache
+
+    model = engine.model
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 40000, (1, PROMPT), generator=gen)
+    cache = new_cache(model.config, record=False)
+    model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+
+    def against_prompt(ids: torch.Tensor):
+        pos = torch.arange(PROMPT, PROMPT + ids.shape[1]).unsqueeze(0)
+
+        def run():
+            model(input_ids=ids, position_ids=pos, cache=cache, logits_to_keep=ids.shape[1])
+            cache.crop(-ids.shape[1])
+
+        return run
+
+    if block is None:
+        out = {"AR step (1 token)": against_prompt(prompt[:, :1])}
+        out[f"prompt pass ({PROMPT})"] = lambda: model(input_ids=prompt, logits_to_keep=1)
+        return out
+    out = {}
+    for n in (1, 13, 33):
+        ids = torch.full((1, n), engine.mask_id)
+        ids[0, 0] = block
+        out[f"canvas pass ({n})"] = against_prompt(ids)
+    full = torch.cat([prompt, ids[:, :13]], dim=1)
+    out[f"prompt pass ({PROMPT} + 13)"] = lambda: model(input_ids=full, logits_to_keep=13)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=common.RESULTS / "embedded_smollm2" / "int8" / "passes")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+
+    models = common.ROOT / "dg_lsp" / "models"
+    rows, raw = [], {}
+    for label, cls, name in (
+        ("diffusion (embedded)", MaskedDiffusionEngine, "embedded_smollm2"),
+        ("AR twin", AutoregressiveEngine, "ar_twin_smollm2"),
+    ):
+        times: dict[str, dict[str, float]] = {}
+        forwards = {}
+        for quant in ("none", "int8"):
+            engine = cls(models / name, quantization=quant)
+            forwards[quant] = engine.describe().get("forward", "")
+            with torch.inference_mode():
+                calls = _passes(engine, getattr(engine.model, "block_id", None))
+                times[quant] = {p: _cpu_ms(fn) for p, fn in calls.items()}
+            print(label, quant, forwards[quant], times[quant], flush=True)
+            del engine
+        raw[label] = {"cpu_ms": times, "forward": forwards}
+        for p in times["none"]:
+            bf, i8 = times["none"][p], times["int8"][p]
+            rows.append([label, p, f"{bf:.1f}", f"{i8:.1f}", f"{bf / i8:.2f}x"])
+    lines, _ = common.header("One forward pass of the shipped SmolLM2 models: bf16 vs int8 narrow passes", 1)
+    lines += [
+        "CPU time of the calling thread per pass (best of 5 rounds of 10 calls, 1 torch thread), against a "
+        f"cached {PROMPT}-token prompt; `quantization` setting `none` (bf16 on this CPU) vs `int8`.",
+        "",
+        *common.md_table(["model", "pass", "bf16 ms", "int8 ms", "bf16 / int8"], rows),
+        "",
+        "Forwards: "
+        + "; ".join(f"{m} {q}: `{f}`" for m, r in raw.items() for q, f in r["forward"].items())
+        + ".",
+    ]
+    common.write_results(args.out, "int8_passes", lines, raw)
+    groups = {
+        f"{m.split(' ')[0]}\n{p}": {"bf16": r["cpu_ms"]["none"][p], "int8": r["cpu_ms"]["int8"][p]}
+        for m, r in raw.items()
+        for p in r["cpu_ms"]["none"]
+    }
+    plt = common.pyplot()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    names = list(groups)
+    for j, variant in enumerate(("bf16", "int8")):
+        heights = [groups[n][variant] for n in names]
+        ax.bar([i + j * 0.4 for i in range(len(names))], heights, 0.4, label=variant)
+    ax.set_xticks([i + 0.2 for i in range(len(names))], names, fontsize=7)
+    ax.set_ylabel("CPU ms per pass")
+    ax.set_title("SmolLM2 models, one pass, 1 thread")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.out / "int8_passes.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
