@@ -231,8 +231,14 @@ def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, s
     if why is not None:
         log.warning("int8 off: %s", why)
         return lean_model, f"{kind} (int8 off: {why})"
-    lean_model.use_int8()
-    return lean_model, f"{kind}, int8 up to {cpu_int8.MAX_ROWS} rows"
+    calibration = [
+        ids[: cpu_int8.CALIBRATION_TOKENS]
+        for text in cpu_int8.calibration_texts()
+        if (ids := tokenizer.encode(text, add_special_tokens=False))
+    ]
+    lean_model.use_int8(calibration)
+    smoothed = ", smoothed" if calibration else ""
+    return lean_model, f"{kind}, int8 up to {cpu_int8.MAX_ROWS} rows{smoothed}"
 
 
 def _adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dg_lsp.engine.cpu_int8 import Int8Linears
+from dg_lsp.engine.cpu_int8 import Int8Linears, key
 from dg_lsp.engine.lean import plain_projections
 
 
@@ -67,19 +67,33 @@ class LeanLlama(nn.Module):
         self.lm_head = model.lm_head.weight
         self.inner = model  # keeps the originals (and the fallback) alive
         self.int8: Int8Linears | None = None
+        self._ranges: dict | None = None
         """Packed int8 copies for narrow passes (`use_int8`); None: every matmul in the model's dtype."""
 
-    def use_int8(self) -> None:
-        """Multiply narrow passes (canvas passes, AR steps) in dynamic int8 (`cpu_int8`); the LM head stays
+    def use_int8(self, calibration: list[list[int]] | None = None) -> None:
+        """Multiply narrow passes (canvas passes, AR steps) in dynamic int8 (`cpu_int8`), smoothed with the
+        input ranges seen on `calibration` (token id lists, run as plain passes first); the LM head stays
         in the model's dtype (per-tensor int8 of its input cost the most agreement)."""
         weights = []
         for layer in self.layers:
             att, mlp = layer.self_attn, layer.mlp
             weights += [p.weight for p in (att.q_proj, att.k_proj, att.v_proj, att.o_proj)]
             weights += [p.weight for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
-        self.int8 = Int8Linears(weights)
+        self.int8, ranges = None, {}
+        self._ranges = ranges
+        try:
+            with torch.inference_mode():
+                for ids in calibration or []:
+                    self(input_ids=torch.tensor([ids], device=self.lm_head.device), logits_to_keep=1)
+        finally:
+            self._ranges = None
+        self.int8 = Int8Linears(weights, ranges or None)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._ranges is not None:  # calibrating: note each input channel's largest magnitude
+            k = key(weight)
+            seen = x.detach().abs().reshape(-1, x.shape[-1]).amax(dim=0).float()
+            self._ranges[k] = torch.maximum(self._ranges[k], seen) if k in self._ranges else seen
         return F.linear(x, weight) if self.int8 is None else self.int8.linear(x, weight)
 
     @property

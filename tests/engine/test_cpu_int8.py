@@ -34,12 +34,30 @@ def test_packed_linear_is_close_to_fp32_and_takes_only_narrow_inputs():
     assert packs.bytes == w.numel()
 
 
+def test_smoothing_keeps_the_product_and_spares_channels_with_large_values():
+    """An input with a few channels 30x larger than the rest (as a transformer's are): one per-tensor
+    activation scale rounds the small channels away; smoothing moves that range into the weights."""
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=gen) * 0.05
+    x = torch.randn(7, 96, generator=gen)
+    x[:, :3] *= 30.0
+    ref = x @ w.T
+    plain = cpu_int8.Int8Linears([w])
+    smooth = cpu_int8.Int8Linears([w], {cpu_int8.key(w): x.abs().amax(dim=0)})
+    err_plain = float((plain.linear(x, w) - ref).norm() / ref.norm())
+    err_smooth = float((smooth.linear(x, w) - ref).norm() / ref.norm())
+    assert err_smooth < 0.6 * err_plain, (err_smooth, err_plain)
+    s = cpu_int8.smoothing(x.abs().amax(dim=0), w)
+    assert s.shape == (96,) and bool((s[:3] > s[3:].max()).all())  # the large channels are scaled down most
+
+
 def test_block_model_canvas_passes_in_int8_prompt_passes_unchanged():
     """The engine's pattern: a cold prompt (wide: bf16/fp32 weights, bit-identical), then canvas passes
     against its cached keys (narrow: int8, close to the plain forward and the same argmax)."""
     model = tiny(block=True, seed=3)
     plain, fast = lean_llama.LeanLlama(model), lean_llama.LeanLlama(model)
-    fast.use_int8()
+    fast.use_int8([ids_with_block(1, 100, 0, seed=9)[0, :100].tolist()])  # a calibration prompt
+    assert all(s is not None for _, s in fast.int8._packed.values())  # every projection was smoothed
     assert plain.int8 is None and fast.int8 is not None
     x = ids_with_block(1, 90, 12, seed=4)
     prompt, canvas = x[:, :90], x[:, 90:]
@@ -70,7 +88,7 @@ def test_int8_setting_runs_the_shipped_models_narrow_passes_in_int8(kind):
     engine = cls(model_dir, quantization="int8")
     info = engine.describe()
     assert info["quantization"] == "int8"
-    assert info["forward"] == f"lean, int8 up to {cpu_int8.MAX_ROWS} rows", info
+    assert info["forward"] == f"lean, int8 up to {cpu_int8.MAX_ROWS} rows, smoothed", info
     assert isinstance(engine.model, lean_llama.LeanLlama) and engine.model.int8 is not None
     prefix = "class Stack:\n    def __init__(self):\n        self.items = []\n\n"
     prefix += "    def size(self):\n        return "
