@@ -67,8 +67,9 @@ class LeanLlama(nn.Module):
         self.lm_head = model.lm_head.weight
         self.inner = model  # keeps the originals (and the fallback) alive
         self.int8: Int8Linears | None = None
-        self._ranges: dict | None = None
         """Packed int8 copies for narrow passes (`use_int8`); None: every matmul in the model's dtype."""
+        self._ranges: dict | None = None
+        """While `use_int8` calibrates: each projection's largest input magnitude per channel so far."""
 
     def use_int8(self, calibration: list[list[int]] | None = None) -> None:
         """Multiply narrow passes (canvas passes, AR steps) in dynamic int8 (`cpu_int8`), smoothed with the
