@@ -15,6 +15,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +110,20 @@ def header(title: str, threads: int | None = None, extra: str = "") -> tuple[lis
     if extra:
         lines += [extra, ""]
     return lines, {"date": date, "command": command_line(), **info}
+
+
+def cpu_ms(fn, rounds: int = 5, calls: int = 10) -> float:
+    """CPU ms of the calling thread per call of `fn`: best of `rounds` rounds of `calls` calls, after 3
+    warm-up calls. Thread CPU time is disturbed far less than wall time by other jobs on the machine."""
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.thread_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.thread_time() - t) / calls * 1000)
+    return best
 
 
 def percentile(values: list[float], q: float) -> float:

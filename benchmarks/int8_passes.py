@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,18 +23,6 @@ import common
 import torch
 
 PROMPT = 320
-
-
-def _cpu_ms(fn, rounds: int = 5, calls: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.thread_time()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.thread_time() - t) / calls * 1000)
-    return best
 
 
 def _passes(engine, block: int | None) -> dict[str, callable]:
@@ -91,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             forwards[quant] = engine.describe().get("forward", "")
             with torch.inference_mode():
                 calls = _passes(engine, getattr(engine.model, "block_id", None))
-                times[quant] = {p: _cpu_ms(fn) for p, fn in calls.items()}
+                times[quant] = {p: common.cpu_ms(fn) for p, fn in calls.items()}
             print(label, quant, forwards[quant], times[quant], flush=True)
             del engine
         raw[label] = {"cpu_ms": times, "forward": forwards}

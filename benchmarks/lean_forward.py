@@ -26,17 +26,6 @@ import torch
 PROMPT = 192
 
 
-def _cpu_ms(fn, rounds: int = 5, calls: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        t = time.thread_time()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.thread_time() - t) / calls * 1000)
-    return best
-
 
 def passes(model, config, ids: torch.Tensor, causal: bool) -> dict[str, callable]:
     """name -> a zero-argument call running that pass on `model`."""
@@ -102,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                     for fn in calls.values():
                         fn()
                     compile_s[label] = time.perf_counter() - t0
-                times[vname] = {p: _cpu_ms(fn) for p, fn in calls.items()}
+                times[vname] = {p: common.cpu_ms(fn) for p, fn in calls.items()}
                 print(label, vname, times[vname], flush=True)
         raw[label] = times
         base = times["transformers fp32"]
