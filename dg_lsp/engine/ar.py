@@ -72,10 +72,7 @@ class AutoregressiveEngine(LocalEngine):
             from dg_lsp.engine.loader import ModelLoadError
 
             raise ModelLoadError(message) from exc
-        # int8 on the CPU: the lean Llama forward multiplies its narrow passes in int8 (faster); other
-        # models keep int8 weights dequantized per call (smaller, not faster)
-        lean_int8 = self.quantization == "int8" and self.device.type == "cpu"
-        lean_int8 = lean_int8 and lean.int8_capable(self.model)
+        lean_int8 = lean.int8_capable(self.model, self.quantization, self.device)
         if self.quantization == "int8" and not lean_int8:
             quant.quantize_linears_int8_(self.model, skip=["lm_head"])
         if self.quantization not in ("8bit", "nf4"):

@@ -209,12 +209,14 @@ class LeanGemma3(nn.Module):
 PROBE = "def mean(values):\n    total = sum(values)\n    return total / len(values)\n"
 
 
-def int8_capable(model: nn.Module) -> bool:
-    """Whether `adopt(..., int8=True)` can run `model`'s narrow passes in dynamic int8 (the lean Llama
-    forward does; the 5M Gemma3 models, at 4 layers of width 192, are not bound by reading weights)."""
+def int8_capable(model: nn.Module, quantization: str, device: torch.device) -> bool:
+    """Whether the `quantization` setting asks `adopt(..., int8=True)` to run `model`'s narrow passes in
+    dynamic int8: `int8` on the CPU, on a model the lean Llama forward runs (the 5M Gemma3 models, at 4
+    layers of width 192, are not bound by reading weights). Otherwise `int8` means int8 weights dequantized
+    per call (`quantization.quantize_linears_int8_`: smaller, not faster)."""
     from dg_lsp.engine import lean_llama
 
-    return lean_llama.supported(model) is None
+    return quantization == "int8" and device.type == "cpu" and lean_llama.supported(model) is None
 
 
 def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, str]:

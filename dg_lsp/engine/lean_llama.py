@@ -225,5 +225,5 @@ class LeanLlama(nn.Module):
             h = h[:, logits_to_keep]
         h = self._norm(h, self.final_norm)
         return SimpleNamespace(
-            logits=self._linear(h, self.lm_head), cache=cache if use_cache or not own_cache else None
+            logits=F.linear(h, self.lm_head), cache=cache if use_cache or not own_cache else None
         )

@@ -266,10 +266,7 @@ class MaskedDiffusionEngine(LocalEngine):
             except Exception as exc:
                 _remote_failure(exc, raw, trust)
                 raise
-        # int8 on the CPU: the lean Llama forward multiplies its narrow passes in int8 (faster); other
-        # models keep int8 weights dequantized per call (smaller, not faster)
-        lean_int8 = self.quantization == "int8" and self.device.type == "cpu"
-        lean_int8 = lean_int8 and lean.int8_capable(self.model)
+        lean_int8 = lean.int8_capable(self.model, self.quantization, self.device)
         if self.quantization == "int8" and not lean_int8:
             quant.quantize_linears_int8_(self.model, skip=["decoder", "lm_head"])
         if self.quantization not in ("8bit", "nf4"):
