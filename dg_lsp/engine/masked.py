@@ -27,6 +27,7 @@ import inspect
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
 from dg_lsp.engine.passes import BlockSchedule, TailWindow
-from dg_lsp.engine.step import StepPlan, denoise_step
+from dg_lsp.engine.step import StepPlan, StepTrace, denoise_step
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
 
@@ -322,6 +323,10 @@ class MaskedDiffusionEngine(LocalEngine):
         """Canvas positions each pass of the last request recomputed (fewer than the canvas when trimmed)."""
         self.last_lengths: list[int] = []
         """`dreamon` format: the canvas length before the first step and after each (row 0)."""
+        self.step_observer: Callable[[StepTrace], None] | None = None
+        """Called after every step of the fixed-canvas loop with what the sampler saw and did: for tools
+        that study the sampler (`benchmarks/commit_oracle.py`) without copying its loop. The
+        self-speculative path (`masked.speculate`) does not report."""
 
     def rule_specs(self) -> list[tuple[str, float]]:
         cfg = self.cfg
@@ -544,10 +549,12 @@ class MaskedDiffusionEngine(LocalEngine):
                 if blocks is not None:
                     plan, region = blocks.plan(masked)
                 canvas = x[:, span]
+                before = masked.clone() if self.step_observer is not None else None
+                scored = logits.float()
                 done = denoise_step(
                     cfg,
                     rules,
-                    logits.float(),
+                    scored,
                     canvas,
                     masked,
                     stops,
@@ -562,6 +569,8 @@ class MaskedDiffusionEngine(LocalEngine):
                     around=around,
                 )
                 pred = done.pred
+                if before is not None:
+                    self.step_observer(StepTrace(step, scored, before, pred, done.commit, done.eligible))
                 logp_sum += done.logp_gain
                 logp_n += done.commit.sum(dim=-1)
                 self.last_commits.append(int(done.commit[0].sum()))

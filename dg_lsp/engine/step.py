@@ -34,6 +34,26 @@ class Committed:
     """(rows, L) bool: the positions decided now."""
     logp_gain: torch.Tensor
     """(rows,) summed log-probability of the committed tokens."""
+    eligible: torch.Tensor | None = None
+    """(rows, L) bool: the positions this step's rules could choose from (masked, inside the window and
+    block, a stop only at the frontier)."""
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One step as the sampler saw it, for observers (`MaskedDiffusionEngine.step_observer`)."""
+
+    step: int
+    logits: torch.Tensor
+    """(rows, >= window, V) float: the pass's canvas logits with the step's bars applied."""
+    masked: torch.Tensor
+    """(rows, L) bool: the positions still masked before this step."""
+    pred: torch.Tensor
+    """(rows, L) the step's prediction at every position (0 past a trimmed window)."""
+    commit: torch.Tensor
+    """(rows, L) bool: the positions it committed."""
+    eligible: torch.Tensor | None = None
+    """(rows, L) bool: the positions the commit rules could choose from (`Committed.eligible`)."""
 
 
 def denoise_step(
@@ -104,6 +124,8 @@ def denoise_step(
     # Dream's schedule may commit nothing at an early step, as its reference does; every position a
     # rule or the quota may pick lies inside the window
     eligible = active[:, :w]
+    allowed = torch.zeros_like(masked)
+    allowed[:, :w] = eligible  # a copy: `masked` (which `active` may be) is updated in place below
     at_quota = sampler.select_commits(conf, eligible, need, None, at_least_one=cfg.schedule != "dream")
     beliefs = commit_rules.view(lg, eligible, logp, pred[:, :w], canvas, masked, around)
     chosen = commit_rules.select(beliefs, rules, at_quota)
@@ -113,7 +135,7 @@ def denoise_step(
     picked = logp.gather(-1, pred[:, :w, None]).squeeze(-1)
     masked &= ~commit
     fill_after_stop(canvas, masked, stops, fill_id)
-    return Committed(pred, commit, (picked * chosen).sum(dim=-1))
+    return Committed(pred, commit, (picked * chosen).sum(dim=-1), allowed)
 
 
 def fill_after_stop(canvas: torch.Tensor, masked: torch.Tensor, stop_ids: set[int], fill_id: int) -> None:

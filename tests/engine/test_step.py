@@ -88,3 +88,36 @@ def test_a_span_that_only_retyped_the_healed_word_may_not_stop_there(healed):
         healed=healed,
     )  # fmt: skip
     assert int(canvas[0, 1]) == (0 if healed is None else 9)
+
+
+def test_step_observer_sees_every_pass_and_the_commits_that_make_the_completion():
+    """`step_observer` is called once per forward pass with the state before the step and what it
+    committed: the committed predictions, read in canvas order up to the stop, are the completion."""
+    from dg_lsp.engine.loader import EMBEDDED_TINY_DIR
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, use_continuation_cache=False)
+    seen = []
+    engine.step_observer = seen.append
+    result = engine.infill(
+        InfillRequest("def add(a, b):\n    return ", "\n", max_tokens=12, single_line=True)
+    )
+    assert len(seen) == result.stats.forward_passes >= 2
+    assert [t.step for t in seen] == list(range(len(seen)))
+    committed: dict[int, int] = {}
+    for t in seen:
+        assert t.masked.shape == t.commit.shape == t.pred.shape
+        assert not (t.commit & ~t.masked).any()  # only masked positions are committed
+        for j in t.commit[0].nonzero().flatten().tolist():
+            committed[j] = int(t.pred[0, j])
+    tokens = [committed[j] for j in sorted(committed)]
+    n = len(result.candidates[0].token_ids)
+    assert tokens[:n] == result.candidates[0].token_ids
+    engine.step_observer = None  # and without one, the same completion
+    assert (
+        engine.infill(InfillRequest("def add(a, b):\n    return ", "\n", max_tokens=12, single_line=True))
+        .candidates[0]
+        .text
+        == result.candidates[0].text
+    )
