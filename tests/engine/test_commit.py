@@ -129,3 +129,25 @@ def test_copy_lets_the_shipped_model_retype_a_line_in_fewer_passes():
     assert copied.candidates[0].text == plain.candidates[0].text == "parents=True, exist_ok=True)"
     assert sum(n > 1 for n in engine.last_commits) > sum(n > 1 for n in plain_commits)
     assert copied.stats.forward_passes < plain.stats.forward_passes
+
+
+def _run_view(top1, masked, eligible=None):
+    t1, m = torch.tensor(top1), torch.tensor(masked)
+    el = torch.tensor(eligible) if eligible is not None else m.clone()
+    return commit.StepView(torch.stack([t1, (1 - t1) / 2], dim=-1), None, el, None, None, None, m)
+
+
+def test_run_commits_the_sure_masks_right_after_the_frontier_up_to_the_first_unsure_one():
+    rule = commit.run_rule(0.7)
+    f, t = False, True
+    # row 0: frontier 1 (left to the quota), then 0.8 and 0.75 sure, 0.5 ends the run, 0.9 after it waits
+    # row 1: frontier 0; position 2 was committed earlier and carries the run on to position 3
+    v = _run_view(
+        [[1.0, 0.3, 0.8, 0.75, 0.5, 0.9], [0.2, 0.9, 1.0, 0.95, 0.1, 0.1]],
+        [[f, t, t, t, t, t], [t, t, f, t, t, t]],
+    )
+    assert rule(v).tolist() == [[f, f, t, t, f, f], [f, t, f, t, f, f]]
+    # a mask the rules may not choose (a stop away from the frontier) ends the run however sure it is
+    v = _run_view([[0.2, 0.9, 0.99]], [[t, t, t]], eligible=[[t, f, t]])
+    assert not rule(v).any()
+    assert commit.parse_rules("threshold,run") == [("threshold", 0.9), ("run", 0.7)]
