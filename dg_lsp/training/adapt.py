@@ -140,10 +140,33 @@ def adapter_tensors(peft_model) -> dict[str, torch.Tensor]:
     return {adapter_key(n): p.detach().float().clone() for n, p in trainable(peft_model).items()}
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_weights(a: Path, b: Path) -> bool:
+    """The same base weights: the same file, or safetensors files whose headers parse to the same entries
+    (a fresh repack of the GGUF writes its metadata keys in another order) over identical tensor bytes."""
     import filecmp
 
-    return a.resolve() == b.resolve() or filecmp.cmp(a, b, shallow=False)
+    if a.resolve() == b.resolve() or filecmp.cmp(a, b, shallow=False):
+        return True
+    heads = []
+    for path in (a, b):
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n > path.stat().st_size - 8:  # not a safetensors file
+                return False
+            try:
+                heads.append((8 + n, json.loads(f.read(n))))
+            except ValueError:
+                return False
+    (start_a, head_a), (start_b, head_b) = heads
+    if head_a != head_b or a.stat().st_size - start_a != b.stat().st_size - start_b:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        fa.seek(start_a)
+        fb.seek(start_b)
+        while chunk := fa.read(1 << 22):
+            if chunk != fb.read(len(chunk)):
+                return False
+    return True
 
 
 def load_init_adapter(
@@ -169,7 +192,7 @@ def load_init_adapter(
         )
     if "dg_lsp_base" in config:
         their_base = bl.base_path(file.parent, str(config["dg_lsp_base"]))
-        if not _same_file(their_base, base_file):
+        if not same_weights(their_base, base_file):
             raise ValueError(f"init_adapter: {file.parent} was trained over {their_base}, not {base_file}")
     with safe_open(str(file), framework="pt") as f:
         meta = f.metadata() or {}
@@ -231,15 +254,26 @@ class AdaptBatch:
 
 
 def block_batch(
-    examples: list[Example], lengths: list[int], t: torch.Tensor, gen: torch.Generator, sp: Special
+    examples: list[Example],
+    lengths: list[int],
+    t: torch.Tensor,
+    gen: torch.Generator,
+    sp: Special,
+    suffix: list[bool] | None = None,
 ) -> AdaptBatch:
     """Prompt + a canvas of `lengths[i]` tokens (middle, then EOS), each canvas token masked with
-    probability t[i] (at least one); targets are read one position earlier (shifted logits)."""
+    probability t[i] (at least one), or, where `suffix[i]`, every token from a uniformly drawn position on
+    (left-to-right decoding's states); targets are read one position earlier (shifted logits)."""
     rows, tgts, hid = [], [], []
-    for e, n, ti in zip(examples, lengths, t.tolist(), strict=True):
+    suffix = suffix or [False] * len(examples)
+    for e, n, ti, tail in zip(examples, lengths, t.tolist(), suffix, strict=True):
         prompt = spm_prompt(e, sp)
         clean = e.middle_ids[: n - 1] + [sp.eos] * (n - len(e.middle_ids[: n - 1]))
-        drop = (torch.rand(n, generator=gen) < ti).tolist()
+        if tail:
+            k = int(torch.randint(n, (1,), generator=gen))
+            drop = [j >= k for j in range(n)]
+        else:
+            drop = (torch.rand(n, generator=gen) < ti).tolist()
         if not any(drop):
             drop[int(torch.randint(n, (1,), generator=gen))] = True
         noisy = [sp.mask if d else c for c, d in zip(clean, drop, strict=True)]
@@ -364,9 +398,13 @@ def make_batch(
         draw_canvas_length(len(e.middle_ids), cfg.model.canvas_buckets, float(x))
         for e, x in zip(examples, r, strict=True)
     ]
+    fixed_t = t is not None  # evaluation's fixed grid: every run is scored on the same masks
     if t is None:
         t = cfg.t_min + (1 - cfg.t_min) * torch.rand(len(examples), generator=gen)
-    return block_batch(examples, lengths, t, gen, sp)
+    suffix = None
+    if cfg.suffix_mask_prob > 0 and not fixed_t:  # only then: runs without it keep their random stream
+        suffix = (torch.rand(len(examples), generator=gen) < cfg.suffix_mask_prob).tolist()
+    return block_batch(examples, lengths, t, gen, sp, suffix)
 
 
 @torch.no_grad()

@@ -69,6 +69,11 @@ class TrainConfig:
     ar_loss_weight: float = 0.5  # encoder AR loss next to the canvas loss (diffusion only)
     self_cond_prob: float = 0.5
     t_min: float = 1e-3
+    # block kind: share of examples whose canvas is masked as left-to-right decoding leaves it (a clean
+    # prefix of random length, the rest masked) instead of token by token at rate t: the states the
+    # embedded model's sampler actually meets, where the guesses right of the frontier decide how many
+    # tokens a pass can commit (benchmarks/commit_oracle.py)
+    suffix_mask_prob: float = 0.0
     # masked kind: share of examples whose context is masked at the same rate as the canvas (plain
     # whole-sequence masked diffusion: more loss positions per pass); the rest mask only the canvas
     context_mask_prob: float = 0.5
@@ -109,6 +114,8 @@ class TrainConfig:
             )
         if not 0.0 <= self.causal_fraction < 1.0:
             raise ValueError(f"causal_fraction must be in [0, 1), got {self.causal_fraction}")
+        if not 0.0 <= self.suffix_mask_prob <= 1.0:
+            raise ValueError(f"suffix_mask_prob must be in [0, 1], got {self.suffix_mask_prob}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -219,9 +219,11 @@ def ship_adapted(
     the fp16 adapter, tokenizer and config into `dest`.
 
     The base is shared: every shipped adapter was trained against it, so a run over another base refuses
-    to replace it unless `replace_base` says every model over it is meant to change."""
-    import filecmp
+    to replace it unless `replace_base` says every model over it is meant to change. A base with the same
+    weights (a fresh repack of the same GGUF) is the same base."""
     import os
+
+    from dg_lsp.training.adapt import same_weights
 
     src = run / which
     config = json.loads((src / "config.json").read_text())
@@ -230,7 +232,7 @@ def ship_adapted(
     base = Path(config.pop("dg_lsp_base_file", src / "base.safetensors"))
     shared_base.mkdir(parents=True, exist_ok=True)
     shared = shared_base / "base.safetensors"
-    differs = shared.exists() and not filecmp.cmp(base, shared, shallow=False)
+    differs = shared.exists() and not same_weights(base, shared)
     if differs and not replace_base:
         raise SystemExit(
             f"not shipped: the run's base {base} differs from the shared {shared}, which the models already "

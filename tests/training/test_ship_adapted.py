@@ -80,3 +80,45 @@ def test_a_run_over_another_base_does_not_replace_the_shared_one(run: Path, tmp_
     out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared), "--replace-base")
     assert out.returncode == 0, out.stderr[-2000:]
     assert (shared / "base.safetensors").read_bytes() == (run / "base" / "base.safetensors").read_bytes()
+
+
+def _reorder_metadata(src: Path, dst: Path) -> None:
+    """The same packed base with its header's metadata keys written in reverse order (what a fresh repack
+    of the GGUF may produce): other bytes, same weights."""
+    raw = src.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    head = json.loads(raw[8 : 8 + n])
+    head["__metadata__"] = dict(reversed(list(head["__metadata__"].items())))
+    text = json.dumps(head, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    dst.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n :])
+
+
+def test_a_repacked_base_with_the_same_weights_is_the_same_base(run: Path, tmp_path: Path):
+    """Continuing the shipped adapter and shipping over the shared base both accept a base whose file
+    differs only in metadata order, and still refuse one whose weights differ."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from dg_lsp.training.adapt import same_weights
+
+    base = run / "base" / "base.safetensors"
+    same = tmp_path / "same.safetensors"
+    _reorder_metadata(base, same)
+    assert same.read_bytes() != base.read_bytes() and same_weights(base, same) and same_weights(same, base)
+    tensors = load_file(str(same))
+    name = next(iter(tensors))
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] += torch.ones((), dtype=tensors[name].dtype)
+    other = tmp_path / "other.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(base), framework="pt") as f:
+        save_file(tensors, str(other), metadata=f.metadata())
+    assert not same_weights(base, other)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "base.safetensors").write_bytes(same.read_bytes())
+    out = _ship(run / "run", "--dest", str(tmp_path / "mine"), "--shared-base", str(shared))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (shared / "base.safetensors").read_bytes() == same.read_bytes()  # kept, not replaced

@@ -293,3 +293,34 @@ def test_one_run_trains_the_causal_twin_then_goes_on_as_the_masked_model(tiny_da
     assert [h.get("phase") for h in history if "loss" in h][-2:] == [None, None]
     with pytest.raises(ValueError, match="causal_fraction"):
         train.config_from_dict({**recipe, "kind": "masked", "logits_shift": False})
+
+
+def test_suffix_masking_leaves_a_clean_prefix_and_masks_the_rest_of_the_canvas():
+    """`suffix_mask_prob`: the canvas as left-to-right decoding leaves it (a clean prefix, then masks to the
+    end, EOS tail included), with every masked position scored through the shifted logits; rows drawn
+    without it keep token-by-token masking, and evaluation's fixed grid never uses it."""
+    from dg_lsp.training.adapt import Special, block_batch, make_batch
+    from dg_lsp.training.batches import Example
+    from dg_lsp.training.config import TrainConfig
+
+    sp = Special(prefix=1, suffix=2, middle=3, eos=4, mask=5)
+    ex = Example(prefix_ids=[10, 11], suffix_ids=[12], middle_ids=[20, 21, 22, 23, 24])
+    gen = torch.Generator().manual_seed(0)
+    batch = block_batch([ex] * 40, [8] * 40, torch.full((40,), 0.5), gen, sp, [True] * 20 + [False] * 20)
+    prompt = 1 + 1 + 1 + 2 + 1  # <fim_suffix> S <fim_prefix> P <fim_middle>
+    canvas = batch.input_ids[:, prompt:]
+    clean = torch.tensor([20, 21, 22, 23, 24, 4, 4, 4])
+    masked = canvas == 5
+    assert (canvas[~masked] == clean.expand(40, -1)[~masked]).all()
+    for row in masked[:20]:  # a suffix: once masked, masked to the end, and at least one
+        first = int(row.float().argmax())
+        assert row.any() and row[first:].all() and not row[:first].any()
+    assert any(not (r.float().diff() >= 0).all() for r in masked[20:].float())  # i.i.d. rows have gaps
+    # the loss reads position j's token at j - 1
+    assert (batch.hidden[:, prompt - 1 : -1] == masked).all()
+    assert (batch.targets[:, prompt - 1 : -1][masked] == clean.expand(40, -1)[masked]).all()
+    cfg = TrainConfig(kind="block", suffix_mask_prob=1.0)
+    fixed = make_batch(cfg, "block", [ex] * 4, torch.Generator().manual_seed(1), sp, torch.full((4,), 0.01))
+    assert (fixed.input_ids[:, prompt:] == 5).sum(dim=1).le(2).all()  # t = 0.01: a mask or two, not suffixes
+    with pytest.raises(ValueError, match="suffix_mask_prob"):
+        TrainConfig(suffix_mask_prob=1.5)
