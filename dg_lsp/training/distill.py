@@ -72,17 +72,32 @@ def _language(lang: str) -> str:
     return "python" if lang == "python" else "javascript"
 
 
+def training_cursors(corpus: Path, seed: int, span_weights: dict[str, float], settings):
+    """Endless (snapshot, ctx, request): cursors drawn from the corpus's training files with the training
+    span sampler and planned by `dg_lsp.pipeline.plan` as the editor plans them (`ctx.span.enabled` may be
+    false: the caller skips those). Shared by the distillation traces and benchmarks/commit_oracle.py."""
+    from dg_lsp import context, pipeline
+    from dg_lsp.training.corpus import load_docs
+    from dg_lsp.training.spans import sample_fim
+    from dg_lsp.training.train import DocSampler
+
+    docs = DocSampler(load_docs(Path(corpus) / "train.jsonl"))
+    rng = random.Random(seed)
+    while True:
+        doc = docs.draw(rng)
+        fim = sample_fim(doc.text, rng, span_weights)
+        snapshot = context.as_snapshot(fim.prefix + fim.suffix, _language(doc.lang))
+        ctx, request = pipeline.plan(snapshot, len(fim.prefix), settings)
+        yield snapshot, ctx, request
+
+
 def trace_worker(job: TraceJob) -> list[Trace]:
     """Decode `job.count` training cursors with the shipped engine and sampler; one thread (a process per
     core is faster than two threads on one model here)."""
     torch.set_num_threads(1)
-    from dg_lsp import context, pipeline
     from dg_lsp.engine import sampler
     from dg_lsp.engine.masked import MaskedDiffusionEngine
     from dg_lsp.settings import Settings
-    from dg_lsp.training.corpus import load_docs
-    from dg_lsp.training.spans import sample_fim
-    from dg_lsp.training.train import DocSampler
 
     engine = MaskedDiffusionEngine(
         job.model_dir, max_prompt_tokens=job.prompt_tokens, use_continuation_cache=False
@@ -91,16 +106,12 @@ def trace_worker(job: TraceJob) -> list[Trace]:
     settings = Settings(
         max_tokens=job.max_tokens, denoising_steps=job.steps, seed=0, num_candidates=1, latency_budget_ms=0
     )
-    docs = DocSampler(load_docs(Path(job.corpus) / "train.jsonl"))
-    rng = random.Random(job.seed)
+    cursors = training_cursors(Path(job.corpus), job.seed, job.span_weights, settings)
     out: list[Trace] = []
     tries = 0
     while len(out) < job.count and tries < job.count * 4:
         tries += 1
-        doc = docs.draw(rng)
-        fim = sample_fim(doc.text, rng, job.span_weights)
-        snapshot = context.as_snapshot(fim.prefix + fim.suffix, _language(doc.lang))
-        ctx, request = pipeline.plan(snapshot, len(fim.prefix), settings)
+        _, ctx, request = next(cursors)
         if not ctx.span.enabled:
             continue
         length = sampler.bucket(request.max_tokens, engine.cfg.buckets)
@@ -118,9 +129,7 @@ def trace_worker(job: TraceJob) -> list[Trace]:
 
 def make_traces(job: TraceJob, workers: int) -> list[Trace]:
     per = math.ceil(job.count / workers)
-    jobs = [
-        TraceJob(**{**asdict(job), "seed": job.seed * 1000 + w, "count": per}) for w in range(workers)
-    ]
+    jobs = [TraceJob(**{**asdict(job), "seed": job.seed * 1000 + w, "count": per}) for w in range(workers)]
     if workers == 1:
         return trace_worker(jobs[0])
     with ProcessPoolExecutor(workers) as pool:
