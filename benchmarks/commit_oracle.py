@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -281,10 +280,6 @@ class Job:
     prompt_tokens: int
 
 
-def _language(lang: str) -> str:
-    return "python" if lang == "python" else "javascript"
-
-
 def decode(job: Job) -> tuple[str, list[dict]]:
     """`job.count` training-split cursors decoded by the model's shipped sampler, one thread."""
     import json
@@ -292,13 +287,10 @@ def decode(job: Job) -> tuple[str, list[dict]]:
     import torch
 
     torch.set_num_threads(1)
-    from dg_lsp import context, pipeline
     from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig, model_sampler_defaults
     from dg_lsp.settings import Settings
     from dg_lsp.training.config import DataConfig
-    from dg_lsp.training.corpus import load_docs
-    from dg_lsp.training.spans import sample_fim
-    from dg_lsp.training.train import DocSampler
+    from dg_lsp.training.distill import training_cursors
 
     raw = json.loads((Path(job.model_dir) / "config.json").read_text())
     engine = MaskedDiffusionEngine(
@@ -320,10 +312,10 @@ def decode(job: Job) -> tuple[str, list[dict]]:
         steps.append(
             Step(
                 t.masked[0].tolist(),
-                t.pred[0, :w].tolist(),
+                t.done.pred[0, :w].tolist(),
                 p[:, 0].tolist(),
-                t.commit[0].tolist(),
-                t.eligible[0].tolist(),
+                t.done.commit[0].tolist(),
+                t.done.eligible[0].tolist(),
                 p[:, 1].tolist(),
                 (-(logp.exp() * logp).sum(dim=-1)).tolist(),
                 top.indices[:, 1].tolist(),
@@ -334,15 +326,10 @@ def decode(job: Job) -> tuple[str, list[dict]]:
     settings = Settings(
         max_tokens=job.max_tokens, denoising_steps=job.steps, seed=0, num_candidates=1, latency_budget_ms=0
     )
-    docs = DocSampler(load_docs(Path(job.corpus) / "train.jsonl"))
-    rng = random.Random(job.seed)
-    weights = DataConfig().span_weights
+    cursors = training_cursors(Path(job.corpus), job.seed, DataConfig().span_weights, settings)
     out: list[dict] = []
     while len(out) < job.count:
-        doc = docs.draw(rng)
-        fim = sample_fim(doc.text, rng, weights)
-        snapshot = context.as_snapshot(fim.prefix + fim.suffix, _language(doc.lang))
-        ctx, request = pipeline.plan(snapshot, len(fim.prefix), settings)
+        _, ctx, request = next(cursors)
         if not ctx.span.enabled:
             continue
         steps.clear()

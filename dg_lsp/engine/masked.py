@@ -570,7 +570,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 )
                 pred = done.pred
                 if before is not None:
-                    self.step_observer(StepTrace(step, scored, before, pred, done.commit, done.eligible))
+                    self.step_observer(StepTrace(step, scored, before, done))
                 logp_sum += done.logp_gain
                 logp_n += done.commit.sum(dim=-1)
                 self.last_commits.append(int(done.commit[0].sum()))

@@ -48,12 +48,8 @@ class StepTrace:
     """(rows, >= window, V) float: the pass's canvas logits with the step's bars applied."""
     masked: torch.Tensor
     """(rows, L) bool: the positions still masked before this step."""
-    pred: torch.Tensor
-    """(rows, L) the step's prediction at every position (0 past a trimmed window)."""
-    commit: torch.Tensor
-    """(rows, L) bool: the positions it committed."""
-    eligible: torch.Tensor | None = None
-    """(rows, L) bool: the positions the commit rules could choose from (`Committed.eligible`)."""
+    done: Committed
+    """What the step predicted, committed, and could have committed."""
 
 
 def denoise_step(

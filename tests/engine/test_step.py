@@ -107,10 +107,10 @@ def test_step_observer_sees_every_pass_and_the_commits_that_make_the_completion(
     assert [t.step for t in seen] == list(range(len(seen)))
     committed: dict[int, int] = {}
     for t in seen:
-        assert t.masked.shape == t.commit.shape == t.pred.shape
-        assert not (t.commit & ~t.masked).any()  # only masked positions are committed
-        for j in t.commit[0].nonzero().flatten().tolist():
-            committed[j] = int(t.pred[0, j])
+        assert t.masked.shape == t.done.commit.shape == t.done.pred.shape == t.done.eligible.shape
+        assert not (t.done.commit & ~t.masked).any()  # only masked positions are committed
+        for j in t.done.commit[0].nonzero().flatten().tolist():
+            committed[j] = int(t.done.pred[0, j])
     tokens = [committed[j] for j in sorted(committed)]
     n = len(result.candidates[0].token_ids)
     assert tokens[:n] == result.candidates[0].token_ids
