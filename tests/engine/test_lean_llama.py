@@ -82,6 +82,28 @@ def test_block_model_passes_equal_transformers():
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+def test_a_two_chunk_pass_reads_each_weight_once():
+    """A request's first pass after a cache hit (new prompt tokens, then the block) is two attention chunks
+    but one sweep of the layers: each of the 7 projections per layer is multiplied once, over all rows."""
+    model = tiny(block=True)
+    fast = lean_llama.LeanLlama(model)
+    x = ids_with_block(1, 30, 8)
+    seen = []
+    real = fast._linear
+    fast._linear = lambda h, w: seen.append((h.shape[1], w.data_ptr())) or real(h, w)
+    with torch.inference_mode():
+        cache = new_cache(model.config)
+        fast(input_ids=x[:, :20], cache=cache)
+        seen.clear()
+        pos = torch.arange(20, 39).unsqueeze(0)
+        assert len(fast._chunks(x[:, 20:], None, 20)) == 2
+        fast(input_ids=x[:, 20:], position_ids=pos, cache=cache)
+    layers = model.config.num_hidden_layers
+    assert len(seen) == 7 * layers
+    assert len({ptr for _, ptr in seen}) == 7 * layers
+    assert {rows for rows, _ in seen} == {19}
+
+
 def test_block_is_bidirectional_and_prompt_causal():
     """What the chunking must preserve: a canvas token changes the logits before it inside the block,
     never those of the prompt."""
