@@ -207,6 +207,17 @@ def _adapted_card(run: Path, metrics: dict, kind: str, cfg: dict, history: list[
     )
 
 
+def _sampler_of(dest: Path) -> dict | None:
+    """The sampler defaults (`dg_lsp_sampler`) a model already shipped at `dest` recommends. They were
+    measured for that model and added to its config by hand; a run's config has none, so replacing the
+    model silently switched the package's default decoding back to the engine's generic one."""
+    try:
+        found = json.loads((dest / "config.json").read_text()).get("dg_lsp_sampler")
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def ship_adapted(
     run: Path,
     dest: Path,
@@ -241,6 +252,7 @@ def ship_adapted(
     if differs or not shared.exists():
         shutil.copyfile(base, shared)
     dest.mkdir(parents=True, exist_ok=True)
+    kept = _sampler_of(dest) if "dg_lsp_sampler" not in config else None
     for p in dest.iterdir():
         if p.is_file() or p.is_symlink():
             p.unlink()
@@ -253,6 +265,9 @@ def ship_adapted(
     if size_mb > ADAPTER_MAX_MB:
         raise SystemExit(f"adapter is {size_mb:.1f} MB > {ADAPTER_MAX_MB} MB: not shippable")
     config["dg_lsp_base"] = Path(os.path.relpath(shared.resolve(), dest.resolve())).as_posix()
+    if kept is not None:
+        config["dg_lsp_sampler"] = kept
+        print(f"kept the replaced model's sampler defaults {json.dumps(kept)}: measure them for this adapter")
     (dest / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     (dest / "metrics.json").write_text(json.dumps(metrics) + "\n")
     cfg = json.loads((run / "config.json").read_text())

@@ -122,3 +122,23 @@ def test_a_repacked_base_with_the_same_weights_is_the_same_base(run: Path, tmp_p
     out = _ship(run / "run", "--dest", str(tmp_path / "mine"), "--shared-base", str(shared))
     assert out.returncode == 0, out.stderr[-2000:]
     assert (shared / "base.safetensors").read_bytes() == same.read_bytes()  # kept, not replaced
+
+
+def test_shipping_over_a_model_keeps_its_sampler_defaults(run: Path, tmp_path: Path):
+    """The shipped model's `dg_lsp_sampler` (its measured decoding defaults) survives a new adapter shipped
+    over it, and a model shipped into an empty folder gets none."""
+    dest, shared = tmp_path / "models" / "mine", tmp_path / "models" / "base"
+    out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared))
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = json.loads((dest / "config.json").read_text())
+    assert "dg_lsp_sampler" not in config
+    config["dg_lsp_sampler"] = {"confidence": "leftmost"}
+    (dest / "config.json").write_text(json.dumps(config))
+    out = _ship(run / "run", "--dest", str(dest), "--shared-base", str(shared))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads((dest / "config.json").read_text())["dg_lsp_sampler"] == {"confidence": "leftmost"}
+    assert "kept the replaced model's sampler defaults" in out.stdout
+    from dg_lsp.engine.masked import model_sampler_defaults
+
+    shipped = json.loads((dest / "config.json").read_text())
+    assert model_sampler_defaults(shipped) == {"confidence": "leftmost"}
