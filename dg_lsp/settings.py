@@ -267,6 +267,8 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "native_family": _optional(lambda v: _one_of(v, ("dream", "llada"))),
     "expand_start": lambda v: whole_number(v, 1, 1024),
     "speculate": lambda v: whole_number(v, 0, 16),
+    "grow_from": lambda v: whole_number(v, 0, 1024),
+    "grow_from_multiline": lambda v: whole_number(v, 0, 1024),
 }
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""
 

@@ -29,8 +29,8 @@ from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
-from dg_lsp.engine.passes import TailWindow
-from dg_lsp.engine.step import StepPlan, denoise_step
+from dg_lsp.engine.passes import GrowingCanvas, TailWindow
+from dg_lsp.engine.step import StepPlan, denoise_step, fill_after_stop
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -150,6 +150,8 @@ class _Job:
     """Its span outgrew its window: the next pass is a full one, as alone."""
     windows: list[int] = field(default_factory=list)
     """Canvas positions each of its passes recomputed (the engine's `last_windows`)."""
+    init: torch.Tensor | None = None
+    """(rows, canvas) the canvas a grown job's rows start from (`BatchedMasked._grow`); None: all masks."""
 
 
 class BatchedMasked:
@@ -175,20 +177,63 @@ class BatchedMasked:
         self.last_windows = {}
         lengths = [min(r.max_tokens, self.engine.cfg.buckets[-1]) for r in requests]
         for length, members in shape_buckets(lengths, self.engine.cfg.buckets).items():
-            jobs = [self._job(i, k, requests[i], cancels[i], length) for k, i in enumerate(members)]
-            with torch.inference_mode():
-                self._decode(jobs, length)
-            for job in jobs:
-                out[job.index] = self._finish(job, length)
-                self.last_windows[job.index] = job.windows
+            # rows start on the canvas they would start on alone (`grow_from`: single- and multi-line
+            # spans may differ), one batch per starting length
+            starts: dict[int, list[int]] = {}
+            for i in members:
+                grow = self.engine.growing(length, requests[i].single_line)
+                starts.setdefault(length if grow is None else grow.first, []).append(i)
+            for first, group in starts.items():
+                jobs = [self._job(i, k, requests[i], cancels[i], first, length) for k, i in enumerate(group)]
+                with torch.inference_mode():
+                    self._decode(jobs, first)
+                    if (grow := GrowingCanvas.make(first, length)) is not None:
+                        self._decode_grown(jobs, grow)
+                for job in jobs:
+                    out[job.index] = self._finish(job, length)
+                    self.last_windows[job.index] = job.windows
         return out
 
+    def _decode_grown(self, jobs: list[_Job], grow: GrowingCanvas) -> None:
+        """The spans that filled the short canvas without stopping go on together on the full one."""
+        done = [j for j in jobs if j.stats is not None and j.final is not None]  # not cancelled
+        grown = [j for j in done if grow.needed(j.final, j.masked, j.stop_tensor)]
+        for k, j in enumerate(grown):
+            self._grow(j, k, grow)
+        if grown:
+            self._decode(grown, grow.full)
+
+    def _grow(self, j: _Job, index_in: int, grow: GrowingCanvas) -> None:
+        """`j` continued on the full canvas as the engine alone continues it (`MaskedDiffusionEngine._grown`):
+        its decoded tokens kept, masks appended, the share of the steps the full canvas would have given
+        them, and a full pass first (its prompt keys and values from the document's prompt cache)."""
+        eng = self.engine
+        more = grow.extra_steps(j.steps, j.final.shape[1])
+        if j.request.deadline_ms is not None and eng.ms_per_step:
+            elapsed = (time.perf_counter() - j.t0) * 1000
+            more = sampler.cap_steps(more, elapsed, eng.ms_per_step, j.request.deadline_ms)
+        add = grow.full - j.final.shape[1]
+        j.ids = j.ids + [eng.mask_id] * add
+        j.init = torch.cat([j.final, j.final.new_full((j.rows, add), eng.mask_id)], dim=1)
+        j.masked = torch.cat([j.masked, j.masked.new_ones(j.rows, add)], dim=1)
+        fill_after_stop(j.init, j.masked, j.stops, eng.fill_id)
+        j.index_in, j.steps, j.step, j.done, j.final = index_in, more, 0, False, None
+        j.stats.step_cap += more
+        j.tail, j.refresh, j.cached = TailWindow(eng.cfg.trim_margin), False, None
+
     def _job(
-        self, index: int, index_in: int, request: InfillRequest, cancel: ShouldCancel | None, length: int
+        self,
+        index: int,
+        index_in: int,
+        request: InfillRequest,
+        cancel: ShouldCancel | None,
+        length: int,
+        full: int,
     ) -> _Job:
+        """`length`: the canvas it starts with; `full`: the one it may grow to, which bounds its steps."""
         eng, cfg = self.engine, self.engine.cfg
         ids, start = eng.canvas(request, length)
-        steps = min(max(1, request.steps or cfg.steps), length)
+        steps = min(max(1, request.steps or cfg.steps), full)
         if request.deadline_ms is not None and eng.ms_per_step:
             capped = sampler.cap_steps(steps, 0.0, eng.ms_per_step, request.deadline_ms)
             steps = max(capped, min(steps, cfg.min_capped_steps))
@@ -234,6 +279,8 @@ class BatchedMasked:
             left = head - j.start
             row = torch.tensor(j.ids, device=eng.device)
             x[r : r + j.rows, left : left + len(j.ids)] = row
+            if j.init is not None:  # a grown canvas: each row's own decoded tokens
+                x[r : r + j.rows, head : head + length] = j.init
             attn[r : r + j.rows, left : left + len(j.ids)] = 1
             row_of.append(slice(r, r + j.rows))
             r += j.rows

@@ -39,8 +39,8 @@ from dg_lsp.engine import infill_format, layouts, lean, sampler, speculative
 from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
-from dg_lsp.engine.passes import BlockSchedule, TailWindow
-from dg_lsp.engine.step import StepPlan, StepTrace, denoise_step
+from dg_lsp.engine.passes import BlockSchedule, GrowingCanvas, TailWindow
+from dg_lsp.engine.step import StepPlan, StepTrace, denoise_step, fill_after_stop
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
 
@@ -120,6 +120,16 @@ class MaskedSamplerConfig:
     relatives whose own code cannot run here (the load error names the family to try)."""
     expand_start: int = 8
     """`dreamon` format: masks the canvas starts with; it grows to the request's length at most."""
+    grow_from: int = 0
+    """Block-layout models (`dg_lsp_layout: block`), single-line spans: start the canvas at this many masks
+    and append the rest of the span kind's canvas only when the span fills them without stopping
+    (`passes.GrowingCanvas`). 0 = the whole canvas from the first pass. The embedded model recommends 16
+    here and 32 for multi-line spans (its config.json): it was trained on canvases drawn among the buckets
+    that hold the middle, so a canvas's length is a prior on the span's, and the span kinds' canvases
+    (32 for the rest of a line, 64 at a blank line) made it write too much
+    (benchmarks/results/embedded_smollm2/short_canvas/)."""
+    grow_from_multiline: int = 0
+    """`grow_from` for multi-line spans."""
     speculate: int = 0
     """Self-speculative denoising (`dg_lsp/engine/speculative.py`): each pass also verifies the next
     `speculate - 1` sampler steps, drafted from the previous pass's predictions, in one batched pass,
@@ -484,11 +494,15 @@ class MaskedDiffusionEngine(LocalEngine):
             return self._generate_variable(request, check, stats)
         cfg = self.cfg
         length = sampler.bucket(request.max_tokens, cfg.buckets)
+        block = cfg.block_length if cfg.block_length and cfg.block_length < length else None
+        batch = max(1, request.num_candidates)
+        speculating = cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every
+        speculating = speculating and self.dual_on()
+        grow = self.growing(length, request.single_line, block, speculating)
+        length = grow.first if grow is not None else length
         ids, start = self.canvas(request, length)
         stats.prompt_tokens = len(ids) - length
-        batch = max(1, request.num_candidates)
-        steps = min(max(1, request.steps or cfg.steps), length)
-        block = cfg.block_length if cfg.block_length and cfg.block_length < length else None
+        steps = min(max(1, request.steps or cfg.steps), grow.full if grow is not None else length)
         if request.deadline_ms is not None and self.ms_per_step:
             capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
             steps = max(capped, min(steps, cfg.min_capped_steps))
@@ -518,14 +532,16 @@ class MaskedDiffusionEngine(LocalEngine):
         if reuse and (snap := self.prompt_cache.get(request.doc_key)) is not None:
             doc = (snap, common_prefix_len(snap.ids, ids))
         again = _Again(self.layout == "block", start - int(self.shift))
-        if cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every and self.dual_on():
+        if speculating:
             logp_sum, logp_n = self._speculate(
                 request, check, stats, x, ids, start, length, masked, steps, rules, stops, stop_tensor,
                 blank_start, healed, tail, doc, reuse, around, again,
             )  # fmt: skip
             steps = 0  # decoded: the step-by-step loop below has nothing left to do
+        t_start = time.perf_counter()
         with torch.inference_mode():
-            for step in range(steps):
+            step = -1
+            while (step := step + 1) < steps:
                 check()
                 t0 = time.perf_counter()
                 refresh = bool(cfg.refresh_every) and step % cfg.refresh_every == 0
@@ -582,6 +598,18 @@ class MaskedDiffusionEngine(LocalEngine):
                 elif tail is not None and tail.outgrew(masked):
                     ctx = None  # a full pass next, then a new window
                 self._note_step_ms((time.perf_counter() - t0) * 1000)
+                if grow is not None and grow.needed(canvas, masked, stop_tensor):
+                    more = grow.extra_steps(steps, length)
+                    if request.deadline_ms is not None and self.ms_per_step:
+                        elapsed = (time.perf_counter() - t_start) * 1000
+                        more = sampler.cap_steps(more, elapsed, self.ms_per_step, request.deadline_ms)
+                    x, masked, length = self._grown(x, masked, grow.full, stops)
+                    span = slice(start, start + length)
+                    steps, stats.step_cap = step + 1 + more, stats.step_cap + more
+                    ctx = None  # the next pass computes the grown canvas against the prompt's KV
+                    if tail is not None:
+                        tail = TailWindow(cfg.trim_margin)
+                    continue
                 if not masked.any():
                     stats.early_exit = step + 1 < steps
                     break
@@ -595,6 +623,29 @@ class MaskedDiffusionEngine(LocalEngine):
             cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
+
+    def growing(
+        self, length: int, single_line: bool, block: int | None = None, speculating: bool = False
+    ) -> GrowingCanvas | None:
+        """A request's canvas growth (`grow_from`, `grow_from_multiline`): only where masks can be appended
+        and the pass after recomputes the canvas alone against exact prompt keys and values (block layout,
+        one block, the dual cache), and not under self-speculation, which plans its passes on a fixed
+        canvas."""
+        if self.layout != "block" or block is not None or speculating or not self.dual_on():
+            return None
+        first = self.cfg.grow_from if single_line else self.cfg.grow_from_multiline
+        return GrowingCanvas.make(first, length)
+
+    def _grown(
+        self, x: torch.Tensor, masked: torch.Tensor, full: int, stops: set[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The canvas (last in a block layout) given masks up to `full`; rows that already stopped get
+        their new positions filled at once."""
+        add = full - masked.shape[1]
+        x = torch.cat([x, torch.full((x.shape[0], add), self.mask_id, dtype=x.dtype, device=x.device)], 1)
+        masked = torch.cat([masked, masked.new_ones(masked.shape[0], add)], 1)
+        fill_after_stop(x[:, x.shape[1] - full :], masked, stops, self.fill_id)  # a view: fills x
+        return x, masked, full
 
     def _after_first_pass(
         self, stats, request, ids: list[int], start: int, doc, reuse: bool, again: _Again

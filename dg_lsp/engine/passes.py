@@ -45,6 +45,32 @@ class TailWindow:
         return False
 
 
+@dataclass(frozen=True)
+class GrowingCanvas:
+    """A canvas that starts at `first` masks and is given the rest of its `full` length only when the span
+    fills it without stopping. A span kind's canvas is sized for its longest spans (32 tokens for the rest
+    of a line) while most stop within a few; every full pass pays for every mask, trimmed or not. Only
+    for layouts whose canvas comes last and whose prompt does not attend to it (`block`): masks can then
+    be appended, and the pass after recomputes the canvas alone, exactly."""
+
+    first: int
+    full: int
+
+    @classmethod
+    def make(cls, first: int, full: int) -> GrowingCanvas | None:
+        return cls(first, full) if 0 < first < full else None
+
+    def needed(self, canvas: torch.Tensor, masked: torch.Tensor, stops: torch.Tensor) -> bool:
+        """Every position is decided and some row has not stopped: its span may go on past the canvas."""
+        if masked.any() or canvas.shape[1] >= self.full:
+            return False
+        return not bool(torch.isin(canvas, stops).any(dim=-1).all())
+
+    def extra_steps(self, steps: int, length: int) -> int:
+        """Steps for the appended masks: the share of `steps` the full canvas would have given them."""
+        return max(1, -(-steps * (self.full - length) // self.full))
+
+
 @dataclass
 class BlockSchedule:
     """The canvas decoded `block` positions at a time, left to right, each block allotted an even share of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -241,7 +243,7 @@ def test_a_block_models_rows_refresh_without_reading_their_prompts_again(fp32):
     from tests.engine.test_speculative import SMOLLM2_DIR, cursors
 
     engine = MaskedDiffusionEngine(
-        SMOLLM2_DIR, sampler=MaskedSamplerConfig(trim_margin=0), use_continuation_cache=False
+        SMOLLM2_DIR, sampler=MaskedSamplerConfig(trim_margin=0), use_continuation_cache=False, dtype="float32"
     )
     engine.use_prompt_cache = False
     requests = cursors(4)
@@ -260,3 +262,33 @@ def test_a_block_models_rows_refresh_without_reading_their_prompts_again(fp32):
     for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
         assert runner.last_windows[i] == ws
         assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
+
+
+def test_a_block_models_rows_grow_their_canvas_as_each_would_alone(fp32):
+    """`grow_from`: a span that fills its short canvas without stopping goes on on the full one, in a
+    batch exactly as alone (the same tokens, passes and windows), single-line spans from 8 masks and
+    multi-line ones from 16 in one batch. The model was trained to end its span inside its canvas, so
+    stops are barred from the first 6 positions to make some spans fill it."""
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    engine = MaskedDiffusionEngine(
+        SMOLLM2_DIR,
+        sampler=MaskedSamplerConfig(grow_from=8, grow_from_multiline=16, min_tokens=6),
+        use_continuation_cache=False,
+        dtype="float32",  # packed models load in bf16 whatever the fixture says
+    )
+    requests = cursors(6)
+    alone = []
+    for r in requests:
+        engine.reset_caches()
+        alone.append((engine.infill(dataclasses.replace(r, doc_key="alone")), list(engine.last_windows)))
+    assert [ws[0] for _, ws in alone] == [8 if r.single_line else 16 for r in requests]
+    assert any(32 in ws for _, ws in alone), "no span grew: the test checks nothing"
+    assert any(32 not in ws for _, ws in alone), "every span grew: the test checks half"
+    engine.reset_caches()
+    runner = BatchedMasked(engine)
+    together = runner.run([dataclasses.replace(r, doc_key=f"doc{i}") for i, r in enumerate(requests)])
+    for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
+        assert runner.last_windows[i] == ws
+        assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
+        assert a.stats.forward_passes == b.stats.forward_passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dg_lsp.engine.passes import BlockSchedule, TailWindow
+from dg_lsp.engine.passes import BlockSchedule, GrowingCanvas, TailWindow
 from dg_lsp.engine.step import StepPlan
 
 STOP = 0
@@ -62,3 +62,20 @@ def test_at_least_one_step_per_block():
     assert blocks.allot == [1, 1, 1] and blocks.steps == 3
     done = torch.zeros(1, 10, dtype=torch.bool)
     assert blocks.current(done) == 2 and blocks.window(done) == (8, 10)
+
+
+def test_a_canvas_grows_only_when_a_row_filled_it_without_stopping():
+    grow = GrowingCanvas.make(8, 32)
+    assert grow is not None and GrowingCanvas.make(0, 32) is None and GrowingCanvas.make(32, 32) is None
+    stops = torch.tensor([0])
+    done = torch.zeros(2, 8, dtype=torch.bool)
+    full = torch.tensor([[5] * 8, [6, 0, 0, 0, 0, 0, 0, 0]])
+    assert grow.needed(full, done, stops)  # row 0 wrote 8 tokens and never stopped
+    assert not grow.needed(full[1:], done[1:], stops)  # row 1 stopped: its span is complete
+    still = done.clone()
+    still[0, 7] = True
+    assert not grow.needed(full, still, stops)  # a mask left: not decoded yet
+    assert not grow.needed(torch.full((1, 32), 5), torch.zeros(1, 32, dtype=torch.bool), stops)  # full size
+    # the appended masks get the share of the steps the whole canvas would have given them
+    assert grow.extra_steps(12, 8) == 9 and GrowingCanvas(16, 32).extra_steps(12, 16) == 6
+    assert GrowingCanvas(16, 32).extra_steps(1, 16) == 1
