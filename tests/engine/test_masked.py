@@ -531,3 +531,35 @@ def test_live_end_is_one_past_the_last_position_the_span_still_uses():
     # outgrown: a row whose masks all lie past the window
     assert sampler.outgrown(masked, 2) and not sampler.outgrown(masked, 3)
     assert not sampler.outgrown(masked[1:], 1)  # no masks left: nothing to grow into
+
+
+def test_the_embedded_model_starts_on_a_short_canvas_and_grows_it_when_filled():
+    """The embedded model's config asks for `grow_from` 16 and `grow_from_multiline` 32: a rest-of-line
+    span (a 32-token canvas) starts on 16 masks, a multi-line one (64) on 32; a span that fills its canvas
+    without stopping (stops barred from all 32 positions here) goes on past 32 tokens on the full canvas,
+    and the pass after growing reads the block alone, not the prompt again; `growFrom = 0` gives a
+    single-line span its whole canvas at once."""
+    engine = load_engine(Settings(device="cpu"))
+    cfg = engine.cfg
+    assert (cfg.grow_from, cfg.grow_from_multiline, cfg.confidence) == (16, 32, "leftmost")
+    line = InfillRequest("def area(width, height):\n    return ", "\n", max_tokens=32, single_line=True)
+    block = InfillRequest("def mean(values):\n    ", "\n", max_tokens=64)
+    for request, first in ((line, 16), (block, 32)):
+        engine.infill(request)
+        assert engine.last_windows[0] == first
+    engine.cfg = dataclasses.replace(engine.cfg, min_tokens=32)
+    fed: list[int] = []
+    hook = engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        engine.reset_caches()
+        grown = engine.infill(block)
+    finally:
+        hook.remove()
+    assert 64 in engine.last_windows and len(grown.candidates[0].token_ids) > 32
+    after = engine.last_windows.index(64)
+    assert fed[after] == 64 + 1  # the block token and the canvas: the prompt's keys and values are kept
+    engine = load_engine(Settings(device="cpu", extra={"masked": {"growFrom": 0}}))
+    engine.infill(line)
+    assert engine.cfg.grow_from == 0 and engine.last_windows[0] == 32
