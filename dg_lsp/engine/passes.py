@@ -49,9 +49,10 @@ class TailWindow:
 class GrowingCanvas:
     """A canvas that starts at `first` masks and is given the rest of its `full` length only when the span
     fills it without stopping. A span kind's canvas is sized for its longest spans (32 tokens for the rest
-    of a line) while most stop within a few; every full pass pays for every mask, trimmed or not. Only
-    for layouts whose canvas comes last and whose prompt does not attend to it (`block`): masks can then
-    be appended, and the pass after recomputes the canvas alone, exactly."""
+    of a line) while most stop within a few: a full pass pays for every mask, and a model trained on
+    canvases that just hold their middle reads a long canvas as a long answer (`grow_from`). Only for
+    layouts whose canvas comes last and whose prompt does not attend to it (`block`): masks can then be
+    appended, and the pass after recomputes the canvas alone, exactly."""
 
     first: int
     full: int
