@@ -30,7 +30,7 @@ from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
 from dg_lsp.engine.passes import GrowingCanvas, TailWindow
-from dg_lsp.engine.step import StepPlan, denoise_step, fill_after_stop
+from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
 SEQ_BUCKET = 32
@@ -179,15 +179,15 @@ class BatchedMasked:
         for length, members in shape_buckets(lengths, self.engine.cfg.buckets).items():
             # rows start on the canvas they would start on alone (`grow_from`: single- and multi-line
             # spans may differ), one batch per starting length
-            starts: dict[int, list[int]] = {}
+            starts: dict[GrowingCanvas | None, list[int]] = {}
             for i in members:
-                grow = self.engine.growing(length, requests[i].single_line)
-                starts.setdefault(length if grow is None else grow.first, []).append(i)
-            for first, group in starts.items():
+                starts.setdefault(self.engine.growing(length, requests[i].single_line), []).append(i)
+            for grow, group in starts.items():
+                first = length if grow is None else grow.first
                 jobs = [self._job(i, k, requests[i], cancels[i], first, length) for k, i in enumerate(group)]
                 with torch.inference_mode():
                     self._decode(jobs, first)
-                    if (grow := GrowingCanvas.make(first, length)) is not None:
+                    if grow is not None:
                         self._decode_grown(jobs, grow)
                 for job in jobs:
                     out[job.index] = self._finish(job, length)
@@ -204,19 +204,14 @@ class BatchedMasked:
             self._decode(grown, grow.full)
 
     def _grow(self, j: _Job, index_in: int, grow: GrowingCanvas) -> None:
-        """`j` continued on the full canvas as the engine alone continues it (`MaskedDiffusionEngine._grown`):
+        """`j` continued on the full canvas as the engine alone continues it (`passes.GrowingCanvas`):
         its decoded tokens kept, masks appended, the share of the steps the full canvas would have given
         them, and a full pass first (its prompt keys and values from the document's prompt cache)."""
         eng = self.engine
-        more = grow.extra_steps(j.steps, j.final.shape[1])
-        if j.request.deadline_ms is not None and eng.ms_per_step:
-            elapsed = (time.perf_counter() - j.t0) * 1000
-            more = sampler.cap_steps(more, elapsed, eng.ms_per_step, j.request.deadline_ms)
-        add = grow.full - j.final.shape[1]
-        j.ids = j.ids + [eng.mask_id] * add
-        j.init = torch.cat([j.final, j.final.new_full((j.rows, add), eng.mask_id)], dim=1)
-        j.masked = torch.cat([j.masked, j.masked.new_ones(j.rows, add)], dim=1)
-        fill_after_stop(j.init, j.masked, j.stops, eng.fill_id)
+        elapsed = (time.perf_counter() - j.t0) * 1000
+        more = grow.extra_steps(j.steps, j.final.shape[1], elapsed, eng.ms_per_step, j.request.deadline_ms)
+        j.ids = j.ids + [eng.mask_id] * (grow.full - j.final.shape[1])
+        j.init, j.masked = grow.extend(j.final, j.masked, eng.mask_id, j.stops, eng.fill_id)
         j.index_in, j.steps, j.step, j.done, j.final = index_in, more, 0, False, None
         j.stats.step_cap += more
         j.tail, j.refresh, j.cached = TailWindow(eng.cfg.trim_margin), False, None

@@ -40,7 +40,7 @@ from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_outside, new_cache, restore
 from dg_lsp.engine.passes import BlockSchedule, GrowingCanvas, TailWindow
-from dg_lsp.engine.step import StepPlan, StepTrace, denoise_step, fill_after_stop
+from dg_lsp.engine.step import StepPlan, StepTrace, denoise_step
 from dg_lsp.engine.types import Candidate, InfillRequest, InfillStats
 from dg_lsp.models import native
 
@@ -493,16 +493,16 @@ class MaskedDiffusionEngine(LocalEngine):
         if self.variable:
             return self._generate_variable(request, check, stats)
         cfg = self.cfg
-        length = sampler.bucket(request.max_tokens, cfg.buckets)
-        block = cfg.block_length if cfg.block_length and cfg.block_length < length else None
+        full = sampler.bucket(request.max_tokens, cfg.buckets)
+        block = cfg.block_length if cfg.block_length and cfg.block_length < full else None
         batch = max(1, request.num_candidates)
         speculating = cfg.speculate > 1 and batch == 1 and not block and not cfg.refresh_every
         speculating = speculating and self.dual_on()
-        grow = self.growing(length, request.single_line, block, speculating)
-        length = grow.first if grow is not None else length
+        grow = self.growing(full, request.single_line, block, speculating)
+        length = grow.first if grow is not None else full
         ids, start = self.canvas(request, length)
         stats.prompt_tokens = len(ids) - length
-        steps = min(max(1, request.steps or cfg.steps), grow.full if grow is not None else length)
+        steps = min(max(1, request.steps or cfg.steps), full)
         if request.deadline_ms is not None and self.ms_per_step:
             capped = sampler.cap_steps(steps, 0.0, self.ms_per_step, request.deadline_ms)
             steps = max(capped, min(steps, cfg.min_capped_steps))
@@ -599,11 +599,10 @@ class MaskedDiffusionEngine(LocalEngine):
                     ctx = None  # a full pass next, then a new window
                 self._note_step_ms((time.perf_counter() - t0) * 1000)
                 if grow is not None and grow.needed(canvas, masked, stop_tensor):
-                    more = grow.extra_steps(steps, length)
-                    if request.deadline_ms is not None and self.ms_per_step:
-                        elapsed = (time.perf_counter() - t_start) * 1000
-                        more = sampler.cap_steps(more, elapsed, self.ms_per_step, request.deadline_ms)
-                    x, masked, length = self._grown(x, masked, grow.full, stops)
+                    elapsed = (time.perf_counter() - t_start) * 1000
+                    more = grow.extra_steps(steps, length, elapsed, self.ms_per_step, request.deadline_ms)
+                    grown, masked = grow.extend(x[:, span], masked, self.mask_id, stops, self.fill_id)
+                    x, length = torch.cat([x[:, :start], grown], dim=1), grow.full  # the canvas comes last
                     span = slice(start, start + length)
                     steps, stats.step_cap = step + 1 + more, stats.step_cap + more
                     ctx = None  # the next pass computes the grown canvas against the prompt's KV
@@ -635,17 +634,6 @@ class MaskedDiffusionEngine(LocalEngine):
             return None
         first = self.cfg.grow_from if single_line else self.cfg.grow_from_multiline
         return GrowingCanvas.make(first, length)
-
-    def _grown(
-        self, x: torch.Tensor, masked: torch.Tensor, full: int, stops: set[int]
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The canvas (last in a block layout) given masks up to `full`; rows that already stopped get
-        their new positions filled at once."""
-        add = full - masked.shape[1]
-        x = torch.cat([x, torch.full((x.shape[0], add), self.mask_id, dtype=x.dtype, device=x.device)], 1)
-        masked = torch.cat([masked, masked.new_ones(masked.shape[0], add)], 1)
-        fill_after_stop(x[:, x.shape[1] - full :], masked, stops, self.fill_id)  # a view: fills x
-        return x, masked, full
 
     def _after_first_pass(
         self, stats, request, ids: list[int], start: int, doc, reuse: bool, again: _Again

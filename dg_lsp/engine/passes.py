@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dg_lsp.engine import sampler
-from dg_lsp.engine.step import StepPlan
+from dg_lsp.engine.step import StepPlan, fill_after_stop
 
 
 @dataclass
@@ -67,9 +67,24 @@ class GrowingCanvas:
             return False
         return not bool(torch.isin(canvas, stops).any(dim=-1).all())
 
-    def extra_steps(self, steps: int, length: int) -> int:
-        """Steps for the appended masks: the share of `steps` the full canvas would have given them."""
-        return max(1, -(-steps * (self.full - length) // self.full))
+    def extra_steps(
+        self, steps: int, length: int, elapsed_ms: float, ms_per_step: float | None, deadline_ms: float | None
+    ) -> int:
+        """Steps for the appended masks: the share of `steps` the full canvas would have given them, capped
+        by what is left of the latency budget."""
+        share = max(1, -(-steps * (self.full - length) // self.full))
+        return sampler.cap_steps(share, elapsed_ms, ms_per_step or 0.0, deadline_ms)
+
+    def extend(
+        self, canvas: torch.Tensor, masked: torch.Tensor, mask_id: int, stops: set[int], fill_id: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(canvas, masked) given masks up to `full`; rows that already stopped get their new positions
+        filled at once."""
+        add = self.full - canvas.shape[1]
+        canvas = torch.cat([canvas, canvas.new_full((canvas.shape[0], add), mask_id)], dim=1)
+        masked = torch.cat([masked, masked.new_ones(masked.shape[0], add)], dim=1)
+        fill_after_stop(canvas, masked, stops, fill_id)
+        return canvas, masked
 
 
 @dataclass

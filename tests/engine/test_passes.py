@@ -77,5 +77,14 @@ def test_a_canvas_grows_only_when_a_row_filled_it_without_stopping():
     assert not grow.needed(full, still, stops)  # a mask left: not decoded yet
     assert not grow.needed(torch.full((1, 32), 5), torch.zeros(1, 32, dtype=torch.bool), stops)  # full size
     # the appended masks get the share of the steps the whole canvas would have given them
-    assert grow.extra_steps(12, 8) == 9 and GrowingCanvas(16, 32).extra_steps(12, 16) == 6
-    assert GrowingCanvas(16, 32).extra_steps(1, 16) == 1
+    assert grow.extra_steps(12, 8, 0.0, None, None) == 9
+    assert GrowingCanvas(16, 32).extra_steps(12, 16, 0.0, None, None) == 6
+    assert GrowingCanvas(16, 32).extra_steps(1, 16, 0.0, None, None) == 1
+    # and no more than the latency budget has room for, yet at least one
+    assert grow.extra_steps(12, 8, 900.0, 100.0, 1500.0) == 6
+    assert grow.extra_steps(12, 8, 1600.0, 100.0, 1500.0) == 1
+    # a row that stopped gets its appended positions filled, one that did not gets masks
+    canvas, masked = grow.extend(full, done, mask_id=9, stops={STOP}, fill_id=STOP)
+    assert canvas.shape == (2, 32) and masked.shape == (2, 32)
+    assert masked[0, 8:].all() and (canvas[0, 8:] == 9).all()
+    assert not masked[1].any() and (canvas[1, 8:] == STOP).all()
