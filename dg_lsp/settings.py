@@ -60,8 +60,9 @@ class Settings:
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     quantization: str = "auto"
     """`auto` (`none` on the CPU), `none`, `int8`, `8bit` or `nf4` (bitsandbytes on CUDA). `int8` on the CPU:
-    the packed SmolLM2 models run passes of up to 64 rows in dynamic int8 (`engine/cpu_int8.py`), other
-    models hold int8 weights dequantized per call (smaller, not faster)."""
+    the packed SmolLM2 models run passes in dynamic int8 (`engine/cpu_int8.py`: every pass over fp32 weights,
+    passes of up to 64 rows over bf16 ones), other models hold int8 weights dequantized per call (smaller,
+    not faster)."""
     dtype: str = "auto"
     """`auto` (`quantization.default_dtype`: bf16 on CUDA, and on native-bf16 CPUs for checkpoints of 50 MB
     or more; else fp32), `float32`, `bfloat16` or `float16`."""

@@ -210,10 +210,12 @@ PROBE = "def mean(values):\n    total = sum(values)\n    return total / len(valu
 
 
 def int8_capable(model: nn.Module, quantization: str, device: torch.device) -> bool:
-    """Whether the `quantization` setting asks `adopt(..., int8=True)` to run `model`'s narrow passes in
-    dynamic int8: `int8` on the CPU, on a model the lean Llama forward runs (the 5M Gemma3 models, at 4
-    layers of width 192, are not bound by reading weights). Otherwise `int8` means int8 weights dequantized
-    per call (`quantization.quantize_linears_int8_`: smaller, not faster)."""
+    """Whether the `quantization` setting asks `adopt(..., int8=True)` to run `model`'s passes in dynamic
+    int8: `int8` on the CPU, on a model the lean Llama forward runs (the 5M Gemma3 models, at 4 layers of
+    width 192, are not bound by reading weights). Otherwise `int8` means int8 weights dequantized per call
+    (`quantization.quantize_linears_int8_`: smaller, not faster). `auto` never picks it: even with per-row
+    activation scales int8 cost 4-8 points of suggestions shown (single- and multi-line) through the editor
+    against fp32 (`benchmarks/results/embedded_smollm2/int8_fp32/`)."""
     from dg_lsp.engine import lean_llama
 
     return quantization == "int8" and device.type == "cpu" and lean_llama.supported(model) is None
@@ -221,8 +223,9 @@ def int8_capable(model: nn.Module, quantization: str, device: torch.device) -> b
 
 def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, str]:
     """(the lean forward, "lean") when it supports `model` and matches it on a probe (one full pass both
-    ways); else (`model`, why not), for `describe()`. `int8`: narrow passes in dynamic int8 where the
-    forward and this torch can (`cpu_int8`); the kind says whether they do."""
+    ways); else (`model`, why not), for `describe()`. `int8`: passes in dynamic int8 where the forward and
+    this torch can (`cpu_int8`): every pass over fp32 weights, narrow ones over bf16 (on wide passes native
+    bf16 beats int8); the kind says which."""
     lean_model, kind = _adopt(model, tokenizer)
     if not int8:
         return lean_model, kind
@@ -238,9 +241,11 @@ def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, s
         for text in cpu_int8.calibration_texts()
         if (ids := tokenizer.encode(text, add_special_tokens=False))
     ]
-    lean_model.use_int8(calibration)
+    max_rows = None if lean_model.dtype == torch.float32 else cpu_int8.MAX_ROWS
+    lean_model.use_int8(calibration, max_rows)
     smoothed = ", smoothed" if calibration else ""
-    return lean_model, f"{kind}, int8 up to {cpu_int8.MAX_ROWS} rows{smoothed}"
+    rows = "on every pass" if max_rows is None else f"up to {max_rows} rows"
+    return lean_model, f"{kind}, int8 {rows}{smoothed}"
 
 
 def _adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dg_lsp.engine.cpu_int8 import Int8Linears, key
+from dg_lsp.engine.cpu_int8 import MAX_ROWS, Int8Linears, key
 from dg_lsp.engine.lean import plain_projections
 
 
@@ -74,10 +74,10 @@ class LeanLlama(nn.Module):
         self._ranges: dict | None = None
         """While `use_int8` calibrates: each projection's largest input magnitude per channel so far."""
 
-    def use_int8(self, calibration: list[list[int]] | None = None) -> None:
-        """Multiply narrow passes (canvas passes, AR steps) in dynamic int8 (`cpu_int8`), smoothed with the
-        input ranges seen on `calibration` (token id lists, run as plain passes first); the LM head stays
-        in the model's dtype (per-tensor int8 of its input cost the most agreement)."""
+    def use_int8(self, calibration: list[list[int]] | None = None, max_rows: int | None = MAX_ROWS) -> None:
+        """Multiply passes of up to `max_rows` rows (None: every pass) in dynamic int8 (`cpu_int8`), smoothed
+        with the input ranges seen on `calibration` (token id lists, run as plain passes first); the LM head
+        stays in the model's dtype (per-tensor int8 of its input cost the most agreement)."""
         weights = []
         for layer in self.layers:
             att, mlp = layer.self_attn, layer.mlp
@@ -91,7 +91,7 @@ class LeanLlama(nn.Module):
                     self(input_ids=torch.tensor([ids], device=self.lm_head.device), logits_to_keep=1)
         finally:
             self._ranges = None
-        self.int8 = Int8Linears(weights, ranges or None)
+        self.int8 = Int8Linears(weights, ranges or None, max_rows)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._ranges is not None:  # calibrating: note each input channel's largest magnitude
