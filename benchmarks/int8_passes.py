@@ -1,11 +1,12 @@
-"""One forward pass of the shipped SmolLM2 models (`embedded` and its AR twin), in bf16 and with
-`quantization = "int8"` (dg_lsp/engine/cpu_int8.py: narrow passes multiply in dynamic int8).
+"""One forward pass of the shipped SmolLM2 models (`embedded` and its AR twin), in the dtype `auto` gives this
+CPU (bf16 where it is native, else fp32) and with `quantization = "int8"` (dg_lsp/engine/cpu_int8.py).
 
 The passes the engines run against a cached 320-token prompt (about what the server's prompt budget
 gives): canvas passes of 1, 13 and 33 positions (a block marker plus 0, 12 or 32 masks: a trimmed tail,
 the default 12-token canvas, a multi-line one), the AR twin's one-token step, and the cold prompt pass
-(prompt + 13-position block), which stays in bf16 either way. Time is the thread's CPU time (best of 5
-rounds of 10 calls, 1 torch thread), loaded through the engines as a user's settings load them.
+(prompt + 13-position block), which int8 multiplies over fp32 weights and leaves in bf16 over bf16 ones.
+Time is the thread's CPU time (best of 5 rounds of 10 calls, 1 torch thread), loaded through the engines
+as a user's settings load them.
 
     python benchmarks/int8_passes.py --out benchmarks/results/embedded_smollm2/int8/passes
 """
@@ -72,25 +73,28 @@ def main(argv: list[str] | None = None) -> None:
         ("AR twin", AutoregressiveEngine, "ar_twin_smollm2"),
     ):
         times: dict[str, dict[str, float]] = {}
-        forwards = {}
+        forwards, base = {}, "bf16"
         for quant in ("none", "int8"):
             engine = cls(models / name, quantization=quant)
             forwards[quant] = engine.describe().get("forward", "")
+            if quant == "none":
+                base = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(engine.model.dtype, "bf16")
             with torch.inference_mode():
                 calls = _passes(engine, getattr(engine.model, "block_id", None))
                 times[quant] = {p: common.cpu_ms(fn) for p, fn in calls.items()}
             print(label, quant, forwards[quant], times[quant], flush=True)
             del engine
-        raw[label] = {"cpu_ms": times, "forward": forwards}
+        raw[label] = {"cpu_ms": times, "forward": forwards, "dtype": base}
         for p in times["none"]:
             bf, i8 = times["none"][p], times["int8"][p]
             rows.append([label, p, f"{bf:.1f}", f"{i8:.1f}", f"{bf / i8:.2f}x"])
-    lines, _ = common.header("One forward pass of the shipped SmolLM2 models: bf16 vs int8 narrow passes", 1)
+    base = next(iter(raw.values()))["dtype"]
+    lines, _ = common.header(f"One forward pass of the shipped SmolLM2 models: {base} vs int8", 1)
     lines += [
         "CPU time of the calling thread per pass (best of 5 rounds of 10 calls, 1 torch thread), against a "
-        f"cached {PROMPT}-token prompt; `quantization` setting `none` (bf16 on this CPU) vs `int8`.",
+        f"cached {PROMPT}-token prompt; `quantization` setting `none` ({base} on this CPU) vs `int8`.",
         "",
-        *common.md_table(["model", "pass", "bf16 ms", "int8 ms", "bf16 / int8"], rows),
+        *common.md_table(["model", "pass", f"{base} ms", "int8 ms", f"{base} / int8"], rows),
         "",
         "Forwards: "
         + "; ".join(f"{m} {q}: `{f}`" for m, r in raw.items() for q, f in r["forward"].items())
@@ -98,14 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     ]
     common.write_results(args.out, "int8_passes", lines, raw)
     groups = {
-        f"{m.split(' ')[0]}\n{p}": {"bf16": r["cpu_ms"]["none"][p], "int8": r["cpu_ms"]["int8"][p]}
+        f"{m.split(' ')[0]}\n{p}": {base: r["cpu_ms"]["none"][p], "int8": r["cpu_ms"]["int8"][p]}
         for m, r in raw.items()
         for p in r["cpu_ms"]["none"]
     }
     plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     names = list(groups)
-    for j, variant in enumerate(("bf16", "int8")):
+    for j, variant in enumerate((base, "int8")):
         heights = [groups[n][variant] for n in names]
         ax.bar([i + j * 0.4 for i in range(len(names))], heights, 0.4, label=variant)
     ax.set_xticks([i + 0.2 for i in range(len(names))], names, fontsize=7)
