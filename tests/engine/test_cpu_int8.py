@@ -52,6 +52,23 @@ def test_each_row_gets_its_own_activation_scale():
     assert torch.equal(got[3], torch.zeros(64))
 
 
+def test_smoothing_keeps_the_product_and_spares_channels_with_large_values():
+    """An input with a few channels 30x larger than the rest (as a transformer's are): one activation scale
+    per row still rounds the small channels away; smoothing moves that range into the weights."""
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=gen) * 0.05
+    x = torch.randn(7, 96, generator=gen)
+    x[:, :3] *= 30.0
+    ref = x @ w.T
+    plain = cpu_int8.Int8Linears([w])
+    smooth = cpu_int8.Int8Linears([w], {cpu_int8.key(w): x.abs().amax(dim=0)})
+    err_plain = float((plain.linear(x, w) - ref).norm() / ref.norm())
+    err_smooth = float((smooth.linear(x, w) - ref).norm() / ref.norm())
+    assert err_smooth < 0.6 * err_plain, (err_smooth, err_plain)
+    s = cpu_int8.smoothing(x.abs().amax(dim=0), w)
+    assert s.shape == (96,) and bool((s[:3] > s[3:].max()).all())  # the large channels are scaled down most
+
+
 def test_block_model_canvas_passes_in_int8_prompt_passes_unchanged():
     """The engine's pattern over bf16 weights: a cold prompt (wide: the model's own weights, bit-identical),
     then canvas passes against its cached keys (narrow: int8, close to the plain forward, same argmax)."""
