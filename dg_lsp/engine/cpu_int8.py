@@ -7,8 +7,9 @@ that is ~270 MB of bf16 weights streamed from memory for a few MFLOP each, so it
 20.0, 29.4 ms) but loses to bf16 on wide passes (300 rows: 188 against 113 ms), so the lean forward keeps
 the bf16 weights for prompts and uses these packed copies only up to `MAX_ROWS` rows (~107 MB more).
 Against fp32 (CPUs without native bf16, where bf16 is emulated and slower still) int8 wins at every width:
-on a 2-core AMD EPYC (AVX2, no VNNI), the shipped block model's 12-row canvas pass 135 -> 82 ms and a
-338-token prompt 1,026 -> 700 ms, so over fp32 weights every pass runs in int8 (`max_rows=None`).
+on a 2-core AMD EPYC (AVX2, no VNNI), the shipped block model's 13-row canvas pass 155 -> 99 ms and a
+333-token prompt 1,124 -> 797 ms (`benchmarks/results/embedded_smollm2/int8_fp32/`), so over fp32 weights
+every pass runs in int8 (`max_rows=None`).
 
 Weights are symmetric int8 per output row; activations are quantized per call by fbgemm, per tensor:
 8-bit on CPUs with VNNI, 7-bit (`reduce_range`) elsewhere, where fbgemm's 16-bit pair sums can saturate.
