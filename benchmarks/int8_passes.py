@@ -73,18 +73,18 @@ def main(argv: list[str] | None = None) -> None:
         ("AR twin", AutoregressiveEngine, "ar_twin_smollm2"),
     ):
         times: dict[str, dict[str, float]] = {}
-        forwards, base = {}, "bf16"
+        forwards, dtype = {}, None
         for quant in ("none", "int8"):
             engine = cls(models / name, quantization=quant)
             forwards[quant] = engine.describe().get("forward", "")
-            if quant == "none":
-                base = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(engine.model.dtype, "bf16")
+            if quant == "none":  # the dtype `auto` gave this CPU, which the int8 copies are measured against
+                dtype = "fp32" if engine.model.dtype == torch.float32 else "bf16"
             with torch.inference_mode():
                 calls = _passes(engine, getattr(engine.model, "block_id", None))
                 times[quant] = {p: common.cpu_ms(fn) for p, fn in calls.items()}
             print(label, quant, forwards[quant], times[quant], flush=True)
             del engine
-        raw[label] = {"cpu_ms": times, "forward": forwards, "dtype": base}
+        raw[label] = {"cpu_ms": times, "forward": forwards, "dtype": dtype}
         for p in times["none"]:
             bf, i8 = times["none"][p], times["int8"][p]
             rows.append([label, p, f"{bf:.1f}", f"{i8:.1f}", f"{bf / i8:.2f}x"])
