@@ -257,6 +257,8 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
     "refresh_blocks": _boolean,
     "trim_tail": _boolean,
     "trim_margin": lambda v: whole_number(v, 0, 1024),
+    "freeze_front": _boolean,
+    "window_ahead": lambda v: whole_number(v, 0, 1024),
     "stop_at_frontier": _boolean,
     "min_tokens": lambda v: whole_number(v, 0, 1024),
     "block_length": _optional(lambda v: whole_number(v, 1, 1024)),

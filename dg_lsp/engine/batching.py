@@ -29,7 +29,7 @@ from dg_lsp.engine import sampler
 from dg_lsp.engine.base import rank_candidates
 from dg_lsp.engine.cache import common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, new_cache
-from dg_lsp.engine.passes import GrowingCanvas, TailWindow
+from dg_lsp.engine.passes import FrozenFront, GrowingCanvas, TailWindow
 from dg_lsp.engine.step import StepPlan, denoise_step
 from dg_lsp.engine.types import Cancelled, Candidate, InfillRequest, InfillResult, InfillStats, ShouldCancel
 
@@ -146,6 +146,8 @@ class _Job:
     """Its document's prompt-cache lookup for the first pass (`BatchedMasked._reuse_groups`)."""
     tail: TailWindow = field(default_factory=lambda: TailWindow(margin=0))
     """Tail trimming: the canvas positions its canvas passes recompute."""
+    front: FrozenFront | None = None
+    """`freeze_front`: the rows at the front of its canvas whose keys and values the context holds final."""
     refresh: bool = False
     """Its span outgrew its window: the next pass is a full one, as alone."""
     windows: list[int] = field(default_factory=list)
@@ -163,6 +165,8 @@ class BatchedMasked:
         """Batched forward passes run so far (tests and the benchmark read it)."""
         self.rows_cancelled = 0
         self._last_full = None
+        self._last_canvas = None
+        """(cache, first column, columns) of the last canvas pass: the context, then its fresh columns."""
         self.last_windows: dict[int, list[int]] = {}
         """Per request index of the last `run`, the canvas positions each of its passes recomputed."""
 
@@ -214,7 +218,7 @@ class BatchedMasked:
         j.init, j.masked = grow.extend(j.final, j.masked, eng.mask_id, j.stops, eng.fill_id)
         j.index_in, j.steps, j.step, j.done, j.final = index_in, more, 0, False, None
         j.stats.step_cap += more
-        j.tail, j.refresh, j.cached = TailWindow(eng.cfg.trim_margin), False, None
+        j.tail, j.refresh, j.cached = TailWindow(eng.cfg.trim_margin, ahead=eng.cfg.window_ahead), False, None
 
     def _job(
         self,
@@ -255,7 +259,8 @@ class BatchedMasked:
             masked=torch.ones(rows, length, dtype=torch.bool, device=eng.device),
             logp_sum=torch.zeros(rows, device=eng.device),
             logp_n=torch.zeros(rows, device=eng.device),
-            tail=TailWindow(eng.cfg.trim_margin),
+            tail=TailWindow(eng.cfg.trim_margin, ahead=eng.cfg.window_ahead),
+            front=FrozenFront(int(eng.shift)) if eng.freezes_front() else None,
         )
 
     def _decode(self, jobs: list[_Job], length: int) -> None:
@@ -353,21 +358,34 @@ class BatchedMasked:
                 if rest:
                     ends = [length if j.tail.end is None else j.tail.end for j in rest]
                     widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
+                    fronts = torch.tensor(
+                        [0 if j.front is None else j.front.rows for j in rest for _ in range(j.rows)]
+                    )
                     idx = rows_of(rest)
                     # as wide as the widest window: a trimmed row's step reads its own window alone
-                    lg = self._canvas_pass(x, attn, pos, idx, lo, head, widths, ctx, ctx_row[idx])
+                    lg = self._canvas_pass(x, attn, pos, idx, lo, head, widths, ctx, ctx_row[idx], fronts)
                     parts.append(lg)
                 width = max(p.shape[1] for p in parts)  # a full pass's rows need the whole canvas
                 logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
                 self.forwards += 1 if rest else 0
             r = 0
+            full_rows = sum(j.rows for j in full)
             for n, j in enumerate(live):  # `live` lists the full pass's rows first
                 rows = row_of[j.index_in]
                 canvas = x[rows, span]
                 passed_full = n < len(full)
                 window = None if passed_full else j.tail.end
-                j.windows.append(length if window is None else window)
+                frozen = 0 if passed_full or j.front is None else j.front.rows
+                j.windows.append((length if window is None else window) - frozen)
+                seen = j.masked.clone() if j.front is not None else None
                 pred = self._step(j, logits[r : r + j.rows].float(), canvas, rules, window)
+                if j.front is not None:
+                    computed = (frozen, (length if window is None else window) + shift)
+                    j.front.after_pass(seen, j.masked, computed)
+                    if not passed_full and j.front.rows > frozen:
+                        self._freeze(
+                            ctx, ctx_row[rows], r - full_rows, j.rows, lo + frozen, lo + j.front.rows
+                        )
                 if trim and passed_full:
                     j.tail.after_full_pass(canvas, j.masked, pred, j.stop_tensor)
                     j.refresh = False
@@ -446,26 +464,50 @@ class BatchedMasked:
         self._last_full = cache
         return logits, [(la.keys, la.values) for la in cache.layers]
 
-    def _canvas_pass(self, x, attn, pos, idx, lo: int, head: int, widths: torch.Tensor, ctx, rows):
+    def _canvas_pass(
+        self, x, attn, pos, idx, lo: int, head: int, widths: torch.Tensor, ctx, rows, fronts: torch.Tensor
+    ):
         """Fast-dLLM's dual cache, batched, with each row's tail trimmed: the columns from `lo` up to the
         widest row's window are recomputed; a row attends to its fresh columns inside its own window
         (`widths`, canvas positions) and to its cached columns everywhere else (its prompt and the stale
-        tail past its window), which is what its own trimmed pass alone sees. Logits for lo.. on."""
+        tail past its window), which is what its own trimmed pass alone sees. `fronts`: per row, the
+        leading rows from `lo` its context holds final (`freeze_front`); the pass starts at the smallest,
+        and a row reads the columns before its own from the context. Logits for canvas position 0 on,
+        zero before a row's front (as alone: those positions are committed)."""
         model = self.engine.model
         cache = new_cache(model.config, record=False)
         for layer, (k, v) in zip(cache.layers, ctx, strict=True):
             layer.update(k[rows], v[rows])
         hi = head + int(widths.max())
+        first = int(fronts.min())
+        a = lo + first
         ends = (head + widths.to(attn.device))[:, None]
+        begins = (lo + fronts.to(attn.device))[:, None]
         cols = torch.arange(attn.shape[1], device=attn.device)[None, :]
-        stale = attn[idx] * ~((cols >= lo) & (cols < ends))
-        fresh = attn[idx, lo:hi] * (cols[:, lo:hi] < ends)
+        stale = attn[idx] * ~((cols >= begins) & (cols < ends))
+        fresh = attn[idx, a:hi] * ((cols[:, a:hi] >= begins) & (cols[:, a:hi] < ends))
         mask = torch.cat([stale, fresh], dim=1)
         kw = {cache_kwarg(model.forward) or "past_key_values": cache}
         out = model(
-            input_ids=x[idx, lo:hi], attention_mask=mask, position_ids=pos[idx, lo:hi], use_cache=True, **kw
+            input_ids=x[idx, a:hi], attention_mask=mask, position_ids=pos[idx, a:hi], use_cache=True, **kw
         )
-        return out.logits[:, : hi - head]
+        self._last_canvas = (cache, a, attn.shape[1])
+        logits = out.logits[:, : hi - head - first]
+        if first == 0 and not bool(fronts.any()):
+            return logits
+        logits = torch.nn.functional.pad(logits, (0, 0, first, 0))
+        before = (
+            torch.arange(logits.shape[1], device=logits.device)[None, :] < fronts.to(logits.device)[:, None]
+        )
+        return logits.masked_fill(before[..., None], 0.0)
+
+    def _freeze(self, ctx, ctx_rows: torch.Tensor, at: int, n: int, c0: int, c1: int) -> None:
+        """Columns c0..c1-1 of the last canvas pass's rows at..at+n-1 become final context (`freeze_front`):
+        copied over those rows' context, which alone they join as views."""
+        cache, a, total = self._last_canvas
+        for layer, (k, v) in zip(cache.layers, ctx, strict=True):
+            k[ctx_rows, :, c0:c1] = layer.keys[at : at + n, :, total + c0 - a : total + c1 - a]
+            v[ctx_rows, :, c0:c1] = layer.values[at : at + n, :, total + c0 - a : total + c1 - a]
 
     def _step(
         self, j: _Job, logits: torch.Tensor, canvas: torch.Tensor, rules, window: int | None = None

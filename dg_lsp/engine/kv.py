@@ -67,6 +67,23 @@ def context_outside(cache, lo: int, hi: int) -> list[tuple[torch.Tensor, torch.T
     ]
 
 
+def context_joined(cache, context: list, rows: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Per layer, `context` followed by the first `rows` rows a canvas-only pass computed against it, read
+    from that pass's `cache` (which holds the context, then the pass's rows): views, nothing is copied.
+    None when a layer does not hold exactly that (a sliding-window layer dropped some), so the caller
+    keeps its context as it was."""
+    n = context[0][0].shape[2] if context else 0
+    out = []
+    for layer, (k, _) in zip(cache.layers, context, strict=True):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if getattr(layer, "is_sliding", False) or keys is None or values is None:
+            return None
+        if keys.shape[2] < n + rows or keys.shape[:2] != k.shape[:2]:
+            return None
+        out.append((keys[:, :, : n + rows], values[:, :, : n + rows]))
+    return out
+
+
 def cache_kwarg(forward) -> str | None:
     """The name under which `forward` takes a KV cache: transformers renamed `past_key_values` to
     `cache` in 5.24 (keeping a deprecated alias); None when the model takes no cache at all."""

@@ -18,6 +18,13 @@ from dg_lsp.engine import sampler
 from dg_lsp.engine.step import StepPlan, fill_after_stop
 
 
+def first_masked(masked: torch.Tensor) -> int:
+    """The first canvas position still masked in any row (the canvas length once none is)."""
+    length = masked.shape[-1]
+    pos = torch.arange(length, device=masked.device)
+    return int(torch.where(masked, pos, length).min()) if length else 0
+
+
 @dataclass
 class TailWindow:
     """Tail trimming for one request (all its candidate rows share the window)."""
@@ -25,6 +32,10 @@ class TailWindow:
     margin: int
     end: int | None = None
     """Canvas positions a canvas pass recomputes; None: all of them (no window drawn, or it was outgrown)."""
+    ahead: int = 0
+    """When > 0, the window also ends at most this many positions past the frontier (the leftmost mask)
+    as the full pass left it: the masks further on stay in the context as it saw them until the frontier
+    reaches the window's end, and the next pass is a full one (`window_ahead`)."""
 
     def window(self) -> tuple[int, int] | None:
         return None if self.end is None else (0, self.end)
@@ -34,6 +45,10 @@ class TailWindow:
     ) -> int | None:
         """Every prediction is fresh after a full pass: the only moment a window can be drawn."""
         self.end = sampler.tail_window(canvas, masked, pred, stops, self.margin)
+        if self.ahead > 0:
+            cap = first_masked(masked) + self.ahead
+            if cap < (masked.shape[-1] if self.end is None else self.end):
+                self.end = cap
         return self.end
 
     def outgrew(self, masked: torch.Tensor) -> bool:
@@ -43,6 +58,35 @@ class TailWindow:
             self.end = None
             return True
         return False
+
+
+@dataclass
+class FrozenFront:
+    """The front of the canvas whose keys and values are final: they move into the cached context and
+    later passes stop recomputing them (`freeze_front`).
+
+    Rows are counted from the canvas's first row: the token before the canvas when logits are shifted
+    (its row predicts position 0), else position 0. Row r predicts canvas position r, and its input is
+    final once position r - shift is committed. A row can leave the pass when it predicts nothing still
+    masked (r < the frontier) and its keys and values were computed from its final input. Decoding runs
+    mostly left to right, so a canvas pass otherwise keeps recomputing every committed token in front of
+    the frontier, and where a pass costs about the rows it computes (fp32 on AVX2 CPUs: ~12 ms a row for
+    the embedded model) that is most of the pass. Approximate, like the dual cache itself: a frozen
+    token's keys no longer see the positions after it change; the context's order does not matter,
+    since a canvas pass attends to all of it without a mask."""
+
+    shift: int
+    rows: int = 0
+
+    def after_pass(self, before: torch.Tensor, after: torch.Tensor, computed: tuple[int, int]) -> int:
+        """Rows final after a pass that computed rows computed = (lo, hi) from `before`'s canvas (the
+        masks as the pass saw them), given the masks `after` its commits; at least the rows already
+        frozen. Only rows the pass computed can join, and only in order."""
+        lo, hi = computed
+        final_inputs = first_masked(before) + self.shift  # rows whose input was committed when computed
+        if lo <= self.rows:
+            self.rows = max(self.rows, min(final_inputs, first_masked(after), hi))
+        return self.rows
 
 
 @dataclass(frozen=True)

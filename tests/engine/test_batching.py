@@ -292,3 +292,32 @@ def test_a_block_models_rows_grow_their_canvas_as_each_would_alone(fp32):
         assert runner.last_windows[i] == ws
         assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
         assert a.stats.forward_passes == b.stats.forward_passes
+
+
+@pytest.mark.parametrize("ahead", [0, 4], ids=["tail-windows", "windows-4-ahead"])
+def test_a_block_models_rows_freeze_their_fronts_as_each_would_alone(fp32, ahead):
+    """`freeze_front`: each row's written front joins its context and its canvas passes start behind it,
+    in a batch as alone (the same tokens, passes and windows), though its rows' fronts differ and share
+    one pass that starts at the smallest; also with windows that end 4 positions past the frontier
+    (`window_ahead`), which spans outgrow every few tokens."""
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    cfg = MaskedSamplerConfig(freeze_front=True, confidence="leftmost", window_ahead=ahead)
+    engine = MaskedDiffusionEngine(SMOLLM2_DIR, sampler=cfg, use_continuation_cache=False, dtype="float32")
+    engine.use_prompt_cache = False
+    assert engine.freezes_front()
+    requests = cursors(4)
+    alone = [(engine.infill(r), list(engine.last_windows)) for r in requests]
+    # a window shrinks as the front moves up behind it (the tail window's end stays put)
+    assert any(min(ws[2:], default=ws[1]) < ws[1] for _, ws in alone), (
+        "no front moved: the test checks nothing"
+    )
+    if ahead:  # a window is at most 4 past the frontier, and spans outgrow them (a full pass: 32 again)
+        assert all(w <= 4 for _, ws in alone for w in ws[1:] if w != 32)
+        assert any(32 in ws[1:] for _, ws in alone)
+    runner = BatchedMasked(engine)
+    together = runner.run(requests)
+    for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
+        assert runner.last_windows[i] == ws
+        assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
+        assert a.stats.forward_passes == b.stats.forward_passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dg_lsp.engine.passes import BlockSchedule, GrowingCanvas, TailWindow
+from dg_lsp.engine.passes import BlockSchedule, FrozenFront, GrowingCanvas, TailWindow, first_masked
 from dg_lsp.engine.step import StepPlan
 
 STOP = 0
@@ -38,6 +38,50 @@ def test_a_span_that_uses_its_window_up_drops_it():
     assert not tail.outgrew(masked)  # nothing left to drop
     done = TailWindow(margin=1, end=3)
     assert not done.outgrew(torch.zeros(1, 5, dtype=torch.bool)) and done.end == 3  # finished, not outgrown
+
+
+def test_a_window_may_also_end_a_few_positions_past_the_frontier():
+    canvas = torch.tensor([[5, 6] + [1] * 10])
+    masked = torch.tensor([[False, False] + [True] * 10])
+    pred = torch.tensor([[5, 6] + [7] * 10])  # the model means to write the whole canvas: no tail to trim
+    assert TailWindow(margin=2).after_full_pass(canvas, masked, pred, STOPS) is None
+    tail = TailWindow(margin=2, ahead=3)
+    assert tail.after_full_pass(canvas, masked, pred, STOPS) == 5 and tail.window() == (0, 5)
+    masked[:, 2:5] = False  # the frontier reached the window's end: a full pass draws the next one
+    assert tail.outgrew(masked) and tail.window() is None
+    pred[0, 6:] = STOP  # a tail nearer than the frontier's reach keeps its own end
+    assert TailWindow(margin=2, ahead=9).after_full_pass(canvas, masked, pred, STOPS) == 8
+
+
+def _masks(*rows: str) -> torch.Tensor:
+    return torch.tensor([[c == "m" for c in row] for row in rows])
+
+
+def test_the_front_freezes_rows_computed_from_committed_inputs_and_behind_the_frontier():
+    front = FrozenFront(shift=1)  # row r predicts position r; its input is position r - 1 (row 0: before)
+    # a full pass over a fully masked canvas, which commits positions 0 and 1: only row 0 had a final input
+    assert front.after_pass(_masks("mmmmmm"), _masks("..mmmm"), (0, 7)) == 1
+    # the next pass computed rows 1..6 from positions 0 and 1 committed; it commits position 2: rows 1 and
+    # 2 read committed inputs and predict committed positions; row 3 read the mask at 2
+    assert front.after_pass(_masks("..mmmm"), _masks("...mmm"), (1, 7)) == 3
+    # a pass that commits nothing at the frontier moves nothing, whatever it commits further on
+    assert front.after_pass(_masks("...mmm"), _masks("...m.m"), (3, 7)) == 3
+    # rows that predict a masked position stay, even when their input is final
+    assert front.after_pass(_masks("...m.m"), _masks("....mm"), (3, 7)) == 4
+    # only rows the pass computed can join: a window that stopped at row 5
+    assert FrozenFront(shift=1, rows=2).after_pass(_masks("......"), _masks("......"), (2, 5)) == 5
+    # a pass that did not start at the front (a gap) adds nothing
+    assert FrozenFront(shift=1, rows=1).after_pass(_masks("..mmmm"), _masks("...mmm"), (2, 7)) == 1
+
+
+def test_unshifted_rows_freeze_with_their_own_position():
+    front = FrozenFront(shift=0)  # row r reads and predicts position r
+    assert front.after_pass(_masks("mmmm"), _masks("..mm"), (0, 4)) == 0  # computed from masks
+    assert front.after_pass(_masks("..mm"), _masks("...m"), (0, 4)) == 2
+    assert front.after_pass(_masks("...m"), _masks("...."), (2, 4)) == 3
+    rows = torch.zeros(2, 3, dtype=torch.bool)
+    rows[1, 1] = True  # the frontier is the leftmost mask over every candidate row
+    assert first_masked(rows) == 1 and first_masked(torch.zeros(2, 3, dtype=torch.bool)) == 3
 
 
 def test_blocks_get_their_steps_up_front_and_move_left_to_right():

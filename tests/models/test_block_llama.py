@@ -3,6 +3,7 @@ engines reading the block / SPM / prefix layouts, on tiny real models built here
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -421,3 +422,68 @@ def test_a_block_requests_later_full_passes_recompute_only_the_block(tiny_adapte
         assert fed[1:4] == [16 + 1] * 3  # the block token before the canvas, then the canvas: no prompt
         assert len(fed) == 8 and engine.last_windows[3] == 16
         assert result.candidates[0].token_ids == expected
+
+
+def test_frozen_front_rows_join_the_context_and_later_passes_read_them_exactly(tiny_adapted):
+    """`freeze_front`'s mechanics: the rows a canvas-only pass computed for committed tokens join its
+    context as views (appended after the masks past the window: a block pass attends to its context
+    without a mask, in any order), and while the canvas does not change, a pass over the rest reproduces
+    the pass that recomputed them too."""
+    from dg_lsp.engine.kv import context_joined, context_outside
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest
+
+    engine = MaskedDiffusionEngine(tiny_adapted["block"] / "last", use_continuation_cache=False)
+    engine.model.float()
+    ids, start = engine.canvas(InfillRequest(prefix="def add(a, b):\n    return ", suffix="\n"), 16)
+    x = torch.tensor([ids])
+    x[0, start : start + 3] = torch.tensor([40, 41, 42])  # three committed tokens at the front
+    fed: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    with torch.no_grad():
+        engine._canvas_logits(x, start, 16, None, False)
+        ctx = context_outside(engine._last_full, start - 1, start + 10)
+        whole, _ = engine._canvas_logits(x, start, 16, ctx, False, window=(0, 10), pad=False)
+        # rows 0-2: the block token and the first two tokens (row 3 reads the third and predicts a mask)
+        joined = context_joined(engine._last_cached, ctx, 3)
+        rest, _ = engine._canvas_logits(x, start, 16, joined, False, window=(3, 10), pad=False)
+    assert fed[1:] == [10 + 1, 10 + 1 - 3]
+    assert joined[0][0].shape[2] == ctx[0][0].shape[2] + 3
+    assert joined[0][0].data_ptr() != ctx[0][0].data_ptr()  # views of the pass's cache, not the old context
+    assert rest.shape[1] == 10 and not rest[:, :3].any()
+    torch.testing.assert_close(rest[:, 3:], whole[:, 3:], rtol=1e-4, atol=1e-4)
+
+
+def test_freeze_front_stops_recomputing_what_the_span_has_written(tiny_adapted):
+    """Decoding left to right with `freeze_front`, each canvas pass after the first feeds fewer rows as
+    the written front grows, the completion is written in full, and `describe` says the option is on."""
+    from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig
+    from dg_lsp.engine.types import InfillRequest
+
+    cfg = MaskedSamplerConfig(threshold=None, confidence="leftmost", freeze_front=True, trim_tail=True)
+    engine = MaskedDiffusionEngine(tiny_adapted["block"] / "last", sampler=cfg, use_continuation_cache=False)
+    engine.model.float()
+    assert engine.describe()["freeze_front"] == "True"
+    fed: list[int] = []
+    engine.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    request = InfillRequest(
+        prefix="def add(a, b):\n    return ", suffix="\n\nprint(1)\n", max_tokens=16, steps=8
+    )
+    result = engine.infill(request)
+    ids, _ = engine.canvas(request, 16)
+    assert fed[0] == len(ids) and len(fed) == 8
+    assert engine.last_commits == [2] * 8  # leftmost, two a step: the front moves two rows a pass
+    # the full pass freezes the block token's row (its input is final); each later pass the two rows
+    # whose inputs it saw committed
+    assert fed[1:] == [16 - 2 * k for k in range(7)]
+    assert engine.last_windows[1:] == [f - 1 for f in fed[1:]]  # a window's rows, less the one before it
+    assert len(result.candidates[0].token_ids) > 0
+
+    off = MaskedDiffusionEngine(
+        tiny_adapted["block"] / "last", sampler=dataclasses.replace(cfg, freeze_front=False)
+    )
+    assert "freeze_front" not in off.describe()
