@@ -120,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.masked:
         name, _, raw = item.partition("=")
         masked[name] = json.loads(raw)
+    unknown = set(masked) - {item.partition("=")[0] for item in args.model}
+    if unknown:
+        ap.error(f"--masked for no --model: {sorted(unknown)}")
     variants = []
     for item in args.model:
         name, _, path = item.partition("=")
