@@ -531,6 +531,7 @@ class BatchedMasked:
             window_end=window,
             healed=j.healed,
             around=j.around,
+            pending=j.tail.pending(j.masked) if window is not None else None,
         )
         j.logp_sum += done.logp_gain
         j.logp_n += done.commit.sum(dim=-1)

@@ -624,6 +624,7 @@ class MaskedDiffusionEngine(LocalEngine):
                     region=region,
                     healed=healed,
                     around=around,
+                    pending=tail.pending(masked) if tail is not None and window is not None else None,
                 )
                 pred = done.pred
                 if before is not None:
@@ -725,6 +726,7 @@ class MaskedDiffusionEngine(LocalEngine):
                 cfg, rules, logits.clone(), canvas, left, stops, stop_tensor, self.fill_id,
                 StepPlan(st.step, steps, steps - st.step), blank_start=blank_start,
                 window_end=w if w < length else None, healed=healed, around=around,
+                pending=tail.pending(left) if tail is not None and w < length else None,
             )  # fmt: skip
             return speculative.State(canvas, left, st.step + 1), done
 

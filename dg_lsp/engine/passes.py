@@ -37,14 +37,25 @@ class TailWindow:
     as the full pass left it: the masks further on stay in the context as it saw them until the frontier
     reaches the window's end, and the next pass is a full one (`window_ahead`)."""
 
+    reach: int = 0
+    """Where the span ends as the last full pass saw it (`sampler.live_end`): past a window that `ahead`
+    cut short, the masks before it still count in the step's quota (`pending`)."""
+
     def window(self) -> tuple[int, int] | None:
         return None if self.end is None else (0, self.end)
+
+    def pending(self, masked: torch.Tensor) -> torch.Tensor | None:
+        """Per row, the masks past the window that the span still needs (None: the window reaches it)."""
+        if self.end is None or self.reach <= self.end:
+            return None
+        return masked[:, self.end : self.reach].sum(dim=-1)
 
     def after_full_pass(
         self, canvas: torch.Tensor, masked: torch.Tensor, pred: torch.Tensor, stops: torch.Tensor
     ) -> int | None:
         """Every prediction is fresh after a full pass: the only moment a window can be drawn."""
         self.end = sampler.tail_window(canvas, masked, pred, stops, self.margin)
+        self.reach = sampler.live_end(canvas, masked, pred, stops)
         if self.ahead > 0:
             cap = first_masked(masked) + self.ahead
             if cap < (masked.shape[-1] if self.end is None else self.end):

@@ -68,6 +68,7 @@ def denoise_step(
     region: torch.Tensor | None = None,
     healed: torch.Tensor | None = None,
     around: Sequence[commit_rules.Surroundings] | None = None,
+    pending: torch.Tensor | None = None,
 ) -> Committed:
     """Commit this step's tokens into `canvas` and clear them from `masked` (both in place), then fill
     the positions after a committed stop. `logits` (rows, >= window, V) float, edited in place; rows
@@ -77,7 +78,9 @@ def denoise_step(
     `logits` may then hold just them. `region`: (rows, L) bool, the current block when decoding block
     by block. `healed`: the healed fragment's own ids (`LocalEngine.fragment_ids`); once one of them is
     committed at position 0, the span must still add `min_tokens` tokens after it. `around`: per row, the
-    prompt's tokens, for commit rules that copy from them."""
+    prompt's tokens, for commit rules that copy from them. `pending`: per row, masks past a window that
+    ends short of the span (`window_ahead`) and that the span still needs; the quota counts them, so a
+    narrow window does not slow the schedule down."""
     rows, length = masked.shape
     w = length if window_end is None else min(window_end, length)
     lg = logits[:, :w]
@@ -110,7 +113,7 @@ def denoise_step(
     pool = masked if cfg.stops_in_quota else active
     if region is not None:
         active, pool = active & region, pool & region
-    n_pool = int(pool.sum(dim=-1).max())
+    n_pool = int((pool.sum(dim=-1) + (0 if pending is None else pending)).max())
     if cfg.schedule == "dream":
         need = sampler.dream_quota(n_pool, plan.step_in, plan.steps_of)
     elif cfg.schedule == "one":

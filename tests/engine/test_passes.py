@@ -49,6 +49,11 @@ def test_a_window_may_also_end_a_few_positions_past_the_frontier():
     assert tail.after_full_pass(canvas, masked, pred, STOPS) == 5 and tail.window() == (0, 5)
     masked[:, 2:5] = False  # the frontier reached the window's end: a full pass draws the next one
     assert tail.outgrew(masked) and tail.window() is None
+    tail = TailWindow(margin=2, ahead=3)
+    masked[:, 2:5] = True
+    tail.after_full_pass(canvas, masked, pred, STOPS)
+    # the 7 live masks past the window still count in the step's quota
+    assert tail.reach == 12 and tail.pending(masked).tolist() == [7]
     pred[0, 6:] = STOP  # a tail nearer than the frontier's reach keeps its own end
     assert TailWindow(margin=2, ahead=9).after_full_pass(canvas, masked, pred, STOPS) == 8
 
