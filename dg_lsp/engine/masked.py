@@ -102,15 +102,16 @@ class MaskedSamplerConfig:
     """`trim_tail`: when > 0, a window also ends this many positions past the frontier as the full pass
     left it (`passes.TailWindow.ahead`); once the frontier gets there, a full pass draws the next one. A
     multi-line span's model means to write most of its canvas, so its tail window trims little, yet
-    decoding commits about one token a pass from the left. 0: the window ends at the tail alone."""
+    decoding commits about one token a pass from the left. The masks past the window that the span still
+    needs count in each step's quota (`step.denoise_step`'s `pending`). 0: the window ends at the tail."""
     freeze_front: bool = False
     """With `trim_tail` and the lean forward: once the committed tokens in front of the frontier have been
     computed from their final inputs, their keys and values join the cached context and later passes stop
     recomputing them (`passes.FrozenFront`). Decoding runs mostly left to right, so a canvas pass otherwise
     recomputes every token already written; where a pass costs about its rows (fp32 on CPUs without
     native bf16) that is much of the pass. The embedded model recommends it with `window_ahead = 8`: its
-    model runs at real cursors took 1.13x less CPU on a 2-core AMD EPYC, no quality metric through the
-    editor fell by more than a point (benchmarks/results/embedded_smollm2/freeze_front/)."""
+    model runs at real cursors took 1.17x less CPU on a 2-core AMD EPYC, 1.09x with this alone
+    (benchmarks/results/embedded_smollm2/freeze_front/)."""
     stop_at_frontier: bool = True
     """Commit a predicted EOS/pad only at the leftmost masked position. An EOS-padded canvas makes the
     tail's EOS the most confident predictions; committed first, they talk the model into an empty span.
