@@ -36,7 +36,6 @@ class TailWindow:
     """When > 0, the window also ends at most this many positions past the frontier (the leftmost mask)
     as the full pass left it: the masks further on stay in the context as it saw them until the frontier
     reaches the window's end, and the next pass is a full one (`window_ahead`)."""
-
     reach: int = 0
     """Where the span ends as the last full pass saw it (`sampler.live_end`): past a window that `ahead`
     cut short, the masks before it still count in the step's quota (`pending`)."""
@@ -82,7 +81,7 @@ class FrozenFront:
     masked (r < the frontier) and its keys and values were computed from its final input. Decoding runs
     mostly left to right, so a canvas pass otherwise keeps recomputing every committed token in front of
     the frontier, and where a pass costs about the rows it computes (fp32 on AVX2 CPUs: ~12 ms a row for
-    the embedded model) that is most of the pass. Approximate, like the dual cache itself: a frozen
+    the embedded model) those rows are a good share of it. Approximate, like the dual cache itself: a frozen
     token's keys no longer see the positions after it change; the context's order does not matter,
     since a canvas pass attends to all of it without a mask."""
 
