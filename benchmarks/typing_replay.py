@@ -9,9 +9,10 @@ its own prompt cache (the server's per-document KV reuse: each keystroke's promp
 with the last one), so per-cursor ratios are paired. The variants' order rotates from cursor to
 cursor, which spreads slow drift of the machine over all of them.
 
-Lines of real files (`lsp_latency.REAL_FILES`, the same seeded picks) are blanked and retyped; at
-every `--every`-th keystroke each variant completes the cursor with the server's defaults
-(automatic request: the rest of the line or a block by span kind, natural stops). The latency budget is
+Lines of real files (`lsp_latency.REAL_FILES`, chosen by its `pick_lines`, seeded afresh for each file, so
+not the LSP run's lines) are blanked and retyped; at every `--every`-th keystroke each variant completes
+the cursor with the server's defaults (automatic request: the rest of the line or a block by span kind,
+natural stops). The latency budget is
 off (`--budget-ms 0`) unless given, so every variant decodes the same number of steps: the budget caps
 steps from each engine's own pace, which would mix speed into the completions. Time is the thread's CPU
 time of the `pipeline.complete` call.
