@@ -165,9 +165,7 @@ class BlockSchedule:
 
     def current(self, masked: torch.Tensor) -> int:
         """The block holding the leftmost masked position over all rows (the last block once none is)."""
-        pos = torch.arange(self.length, device=masked.device)
-        first = int(torch.where(masked, pos, self.length).min())
-        return min(first // self.block, len(self.allot) - 1)
+        return min(first_masked(masked) // self.block, len(self.allot) - 1)
 
     def moved(self, step: int, masked: torch.Tensor) -> bool:
         """Decoding crossed into a new block since the last step: the cached context saw the old one's
