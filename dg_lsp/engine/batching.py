@@ -717,9 +717,9 @@ def batcher_for(engine):
     from dg_lsp.engine.ar import AutoregressiveEngine
     from dg_lsp.engine.masked import MaskedDiffusionEngine
 
-    if isinstance(engine, MaskedDiffusionEngine) and not engine.cfg.block_length and engine.layout != "block":
+    if isinstance(engine, MaskedDiffusionEngine) and not engine.cfg.block_length:
         # a dreamon canvas changes length per row as it decodes: one request at a time, its own loop
         return None if engine.variable else BatchedMasked(engine)
-    if isinstance(engine, AutoregressiveEngine) and engine.layout == "native":
+    if isinstance(engine, AutoregressiveEngine):  # every layout: the prompt is the engine's `prompt_ids`
         return BatchedAR(engine)
     return None

@@ -321,3 +321,60 @@ def test_a_block_models_rows_freeze_their_fronts_as_each_would_alone(fp32, ahead
         assert runner.last_windows[i] == ws
         assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
         assert a.stats.forward_passes == b.stats.forward_passes
+
+
+def test_the_shipped_block_model_is_batched_with_its_own_defaults(fp32):
+    """The team server batches the embedded model (`batcher_for` once left the block layout out, so a
+    replica ran its requests one at a time): with the sampler options its config.json recommends (short
+    canvases that grow, a frozen front, windows 8 past the frontier, leftmost commits), each row decodes
+    what it decodes alone, and the batch takes fewer forwards than the requests alone."""
+    import json
+
+    from dg_lsp.engine.masked import model_sampler_defaults
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    recommended = model_sampler_defaults(json.loads((SMOLLM2_DIR / "config.json").read_text()))
+    cfg = MaskedSamplerConfig.from_options(None, model_defaults=recommended)  # as the loader builds it
+    engine = MaskedDiffusionEngine(SMOLLM2_DIR, sampler=cfg, use_continuation_cache=False, dtype="float32")
+    engine.use_prompt_cache = False
+    assert engine.freezes_front() and cfg.window_ahead and cfg.grow_from and cfg.confidence == "leftmost"
+    runner = batcher_for(engine)
+    assert isinstance(runner, BatchedMasked)
+    requests = cursors(5)
+    alone = [(engine.infill(r), list(engine.last_windows)) for r in requests]
+    assert any(len(ws) > 2 and ws[2] < ws[1] for _, ws in alone), "no front moved: the test checks little"
+    assert any(ws[0] in ws[1:] for _, ws in alone), "no span outgrew its window: the test checks little"
+    together = runner.run(requests)
+    for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
+        assert runner.last_windows[i] == ws
+        assert [c.token_ids for c in a.candidates] == [c.token_ids for c in b.candidates]
+        assert a.stats.forward_passes == b.stats.forward_passes
+    assert runner.forwards < sum(a.stats.forward_passes for a, _ in alone)
+
+
+def test_the_shipped_ar_twin_is_batched_and_reuses_each_documents_prompt(fp32):
+    """The embedded model's AR twin (the `spm` layout: suffix first, then prefix) is batched too, prompt
+    caches and all: the next keystroke in two documents, batched with a document never seen, decodes
+    what each decodes alone."""
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    engine = AutoregressiveEngine(SMOLLM2_DIR.parent / "ar_twin_smollm2", use_continuation_cache=False)
+    assert engine.layout == "spm"
+    runner = batcher_for(engine)
+    assert isinstance(runner, BatchedAR)
+    a, b, c = cursors(3)
+    first = [dataclasses.replace(a, doc_key="a"), dataclasses.replace(b, doc_key="b")]
+    typed = [  # a keystroke or two later: the suffix comes first, so only the prompt's end is new
+        dataclasses.replace(a, prefix=a.prefix + "s", doc_key="a"),
+        dataclasses.replace(b, prefix=b.prefix + "re", doc_key="b"),
+        dataclasses.replace(c, doc_key="c"),
+    ]
+    alone = [engine.infill(r) for r in (*first, *typed)][2:]
+    assert any(r.stats.generated_tokens > 1 for r in alone), "nothing was generated: the test checks little"
+    engine.reset_caches()
+    runner.run(first)
+    together = runner.run(typed)
+    for x, y in zip(alone, together, strict=True):
+        assert y.stats.reused_prompt_tokens <= x.stats.reused_prompt_tokens
+        assert x.candidates[0].token_ids == y.candidates[0].token_ids
+    assert [r.stats.reused_prompt_tokens > 0 for r in together] == [True, True, False]
