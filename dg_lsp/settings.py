@@ -276,6 +276,20 @@ MASKED_CHECKS: dict[str, Callable[[Any], Any]] = {
 """Bounds of the masked sampler's options (`dg_lsp.engine.masked.MaskedSamplerConfig`)."""
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+def _unknown_masked(key: str) -> str:
+    """Why an option is left out, with the nearest known name when one is close (`freezFront`)."""
+    import difflib
+
+    near = difflib.get_close_matches(_snake(key[:40]), list(MASKED_CHECKS), n=1, cutoff=0.75)
+    hint = f"; did you mean {_camel(near[0])}?" if near else ""
+    return f"not a masked sampler option{hint}"
+
+
 def _masked(value: Any, previous: Any) -> tuple[dict[str, Any], list[str]]:
     """The masked sampler options with every invalid one replaced by its previous value (or dropped)."""
     if not isinstance(value, dict):
@@ -285,8 +299,9 @@ def _masked(value: Any, previous: Any) -> tuple[dict[str, Any], list[str]]:
     problems: list[str] = []
     for raw_key, item in value.items():
         check = MASKED_CHECKS.get(_snake(str(raw_key)))
-        if check is None:
-            continue  # unknown options are ignored, as the sampler does
+        if check is None:  # left out, as the sampler would, but said: a typo must not pass for a setting
+            problems.append(f"{str(raw_key)[:40]}: {_unknown_masked(str(raw_key))}")
+            continue
         try:
             kept[raw_key] = check(item)
         except (ValueError, TypeError, OverflowError) as exc:

@@ -50,7 +50,8 @@ def test_infinite_and_out_of_range_numbers_are_named_and_ignored(tmp_path, tiny_
         # The same through didChangeConfiguration, raw, with more of each kind.
         bad = (
             '{"dgLsp": {"seed": 1180591620717411303424, "debounceMs": 1e9, "latencyBudgetMs": -5, '
-            '"denoisingSteps": Infinity, "masked": {"buckets": [1000000000], "threshold": NaN}}}'
+            '"denoisingSteps": Infinity, "masked": {"buckets": [1000000000], "threshold": NaN, '
+            '"freezFront": true}}}'
         )
         server.send_bytes(
             frame(
@@ -73,13 +74,15 @@ def test_infinite_and_out_of_range_numbers_are_named_and_ignored(tmp_path, tiny_
             "denoisingSteps",
             "masked.buckets",
             "masked.threshold",
+            "masked.freezFront",  # misspelled: said, with the name it was probably meant to be
         ):
             assert sum(f"invalid setting {name}: " in w for w in warnings) == 1, (name, warnings)
-        assert len(warnings) == 6, warnings
+        assert len(warnings) == 7, warnings
+        assert any(w.endswith("did you mean freezeFront? (ignored)") for w in warnings), warnings
         # Sending the same bad value again does not repeat the message.
         server.notify("workspace/didChangeConfiguration", {"settings": {"dgLsp": {"debounceMs": 1e9}}})
         assert server.request("textDocument/codeAction", {"bad": 1})["error"]["code"] == -32602
-        assert len(server.messages(kind=2)) == 9
+        assert len(server.messages(kind=2)) == 10
         assert server.messages(kind=1) == []
         _no_internals(server, [reply, automatic, invoked])
         assert server.shutdown() == 0

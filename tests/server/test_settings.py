@@ -104,6 +104,17 @@ def test_masked_options_are_checked_one_by_one():
     assert merged.extra["masked"] == {"buckets": [8, 16], "threshold": 0.5}
 
 
+def test_a_misspelled_masked_option_is_named_with_the_one_meant():
+    """Unknown sampler options were dropped without a word, so a typo passed for a setting."""
+    merged, errors = Settings.merge({"masked": {"freezFront": True, "window_ahed": 4, "zzz": 1, "steps": 6}})
+    assert merged.extra["masked"] == {"steps": 6}
+    assert sorted(errors) == [
+        "invalid setting masked.freezFront: not a masked sampler option; did you mean freezeFront?",
+        "invalid setting masked.window_ahed: not a masked sampler option; did you mean windowAhead?",
+        "invalid setting masked.zzz: not a masked sampler option",
+    ]
+
+
 def test_masked_checks_cover_every_sampler_option():
     from dataclasses import fields
 
