@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from dg_lsp.engine import layouts, lean
-from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget, quiet_long_input_warning
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
 from dg_lsp.engine.sampler import mean_logprob
@@ -79,6 +79,7 @@ class AutoregressiveEngine(LocalEngine):
             self.model.to(self.device)
         self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer, int8=lean_int8)
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
+        quiet_long_input_warning(self.tokenizer)
         self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"
         # dg-lsp's own tokenizer fixes its stop ids; other tokenizers (and chat-tuned bases) name theirs
         eos = {tokens.EOS_ID, tokens.PAD_ID} if self.layout == "native" else set()

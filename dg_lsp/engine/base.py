@@ -55,6 +55,21 @@ def prompt_budget(tokenizer, requested: int) -> int:
     return requested
 
 
+LONG_INPUT_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
+"""The key under which a transformers tokenizer records that it has warned about a long input."""
+
+
+def quiet_long_input_warning(tokenizer) -> None:
+    """Engines encode a request's whole prefix and suffix, then cut them to the prompt budget
+    (`budget_prompt`). The packed models record that budget as `model_max_length`, so transformers warned
+    on the first long file that "running this sequence through the model will result in indexing errors":
+    false here, and alarming in an editor's server log. Marked as already given; a no-op for tokenizers
+    that do not keep this record."""
+    given = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(given, dict):
+        given[LONG_INPUT_WARNING] = True
+
+
 class LocalEngine:
     """Base for in-process backends; subclasses set `name` and implement `_generate`."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from dg_lsp.engine import sampler
-from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget, quiet_long_input_warning
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.infill_format import user_turn_ids
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, restore, snapshot
@@ -125,6 +125,7 @@ class DiffusionGemmaEngine(LocalEngine):
         self.canvas_length = int(self.config.canvas_length)
         self.vocab_size = int(self.text_config.vocab_size)
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
+        quiet_long_input_warning(self.tokenizer)
         self.denoise = DenoiseConfig.from_generation_config(
             getattr(self.model, "generation_config", None), steps
         )

@@ -40,7 +40,7 @@ import torch
 
 from dg_lsp.engine import commit as commit_rules
 from dg_lsp.engine import infill_format, layouts, lean, sampler, speculative
-from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget
+from dg_lsp.engine.base import LocalEngine, budget_prompt, prompt_budget, quiet_long_input_warning
 from dg_lsp.engine.cache import LRU, common_prefix_len
 from dg_lsp.engine.kv import KVSnapshot, cache_kwarg, context_joined, context_outside, new_cache, restore
 from dg_lsp.engine.passes import BlockSchedule, FrozenFront, GrowingCanvas, TailWindow
@@ -332,6 +332,7 @@ class MaskedDiffusionEngine(LocalEngine):
         self.dual_error: str | None = None
         """Why the model's forward rejected the KV cache, once it has."""
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
+        quiet_long_input_warning(self.tokenizer)
         self.cache_arg = cache_kwarg(self.model.forward)
         self.supports_kv = self.cache_arg is not None
         params = inspect.signature(self.model.forward).parameters

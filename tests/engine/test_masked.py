@@ -563,3 +563,23 @@ def test_the_embedded_model_starts_on_a_short_canvas_and_grows_it_when_filled():
     engine = load_engine(Settings(device="cpu", extra={"masked": {"growFrom": 0}}))
     engine.infill(line)
     assert engine.cfg.grow_from == 0 and engine.last_windows[0] == 32
+
+
+@pytest.mark.parametrize("kind", ["masked", "ar"])
+def test_a_long_file_does_not_make_the_tokenizer_warn_of_indexing_errors(capfd, kind):
+    """A prefix longer than the tokenizer's `model_max_length` (the packed models record their prompt
+    budget there) is encoded whole and cut to the budget after: transformers' warning that running it
+    "will result in indexing errors" was false, and it reached every editor's server log."""
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.loader import EMBEDDED_TINY_DIR
+
+    if kind == "masked":
+        engine = MaskedDiffusionEngine(EMBEDDED_TINY_DIR, use_continuation_cache=False)
+    else:
+        engine = AutoregressiveEngine(EMBEDDED_TINY_DIR.parent / "ar_twin", use_continuation_cache=False)
+    capfd.readouterr()
+    prefix = "def f(x):\n    return x + 1\n\n\n" * 60 + "y = "
+    result = engine.infill(InfillRequest(prefix, "\n", max_tokens=4))
+    assert result.stats.prompt_tokens <= engine.max_prompt_tokens + 2  # cut to the budget, as before
+    assert len(engine.tokenizer.encode(prefix, add_special_tokens=False)) > engine.tokenizer.model_max_length
+    assert "indexing errors" not in capfd.readouterr().err
