@@ -323,18 +323,25 @@ def test_a_block_models_rows_freeze_their_fronts_as_each_would_alone(fp32, ahead
         assert a.stats.forward_passes == b.stats.forward_passes
 
 
-def test_the_shipped_block_model_is_batched_with_its_own_defaults(fp32):
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"grow_from": 8, "grow_from_multiline": 16, "min_tokens": 8}],
+    ids=["recommended", "recommended-and-growing"],
+)
+def test_the_shipped_block_model_is_batched_with_its_own_defaults(fp32, extra):
     """The team server batches the embedded model (`batcher_for` once left the block layout out, so a
     replica ran its requests one at a time): with the sampler options its config.json recommends (short
     canvases that grow, a frozen front, windows 8 past the frontier, leftmost commits), each row decodes
-    what it decodes alone, and the batch takes fewer forwards than the requests alone."""
+    what it decodes alone, and the batch takes fewer forwards than the requests alone. The second case
+    makes canvases grow under a frozen front (shorter first canvases, stops barred from the first 8
+    positions), a combination no other test batches."""
     import json
 
     from dg_lsp.engine.masked import model_sampler_defaults
     from tests.engine.test_speculative import SMOLLM2_DIR, cursors
 
     recommended = model_sampler_defaults(json.loads((SMOLLM2_DIR / "config.json").read_text()))
-    cfg = MaskedSamplerConfig.from_options(None, model_defaults=recommended)  # as the loader builds it
+    cfg = MaskedSamplerConfig.from_options(extra, model_defaults=recommended)  # as the loader builds it
     engine = MaskedDiffusionEngine(SMOLLM2_DIR, sampler=cfg, use_continuation_cache=False, dtype="float32")
     engine.use_prompt_cache = False
     assert engine.freezes_front() and cfg.window_ahead and cfg.grow_from and cfg.confidence == "leftmost"
@@ -344,6 +351,8 @@ def test_the_shipped_block_model_is_batched_with_its_own_defaults(fp32):
     alone = [(engine.infill(r), list(engine.last_windows)) for r in requests]
     assert any(len(ws) > 2 and ws[2] < ws[1] for _, ws in alone), "no front moved: the test checks little"
     assert any(ws[0] in ws[1:] for _, ws in alone), "no span outgrew its window: the test checks little"
+    if extra:  # a grown canvas's next pass is a full one over all 32 positions
+        assert any(32 in ws and ws[0] < 32 for _, ws in alone), "no canvas grew: the test checks little"
     together = runner.run(requests)
     for i, ((a, ws), b) in enumerate(zip(alone, together, strict=True)):
         assert runner.last_windows[i] == ws
