@@ -90,9 +90,16 @@ def hard_stop(request: InfillRequest, is_cancelled: Callable[[], bool]) -> Calla
 class LocalBackend:
     """`api.Backend` in this process: requests queue for one model thread, which takes them in batches."""
 
-    def __init__(self, engine: InfillEngine, batching: bool = True, max_batch: int = 16) -> None:
+    def __init__(
+        self, engine: InfillEngine, batching: bool = True, max_batch: int = 16, batch_wait_s: float = 0.0
+    ) -> None:
         self.runner = EngineRunner(engine, batching)
         self.max_batch = min(max_batch, self.runner.max_batch)
+        self.batch_wait_s = batch_wait_s if self.max_batch > 1 else 0.0
+        """How long an idle model waits for company after a lone request arrives. A busy model never
+        waits: what queued while it worked is the next batch."""
+        self.batch_sizes: list[int] = []
+        """Sizes of the last batches run (bounded), for `stats`."""
         self._cv = threading.Condition()
         self._queue: list[tuple[str, InfillRequest, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._live: set[str] = set()
@@ -134,7 +141,14 @@ class LocalBackend:
                     self._cv.wait()
                 if self._closed:
                     return
+                if self.batch_wait_s and len(self._queue) < self.max_batch:
+                    until = time.monotonic() + self.batch_wait_s
+                    while len(self._queue) < self.max_batch and not self._closed:
+                        if (left := until - time.monotonic()) <= 0:
+                            break
+                        self._cv.wait(left)
                 batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+                self.batch_sizes = [*self.batch_sizes[-255:], len(batch)]
             cancels = [hard_stop(req, lambda rid=rid: rid in self._cancelled) for rid, req, _, _ in batch]
             outcomes = self.runner.run([req for _, req, _, _ in batch], cancels)
             for (rid, _, future, loop), outcome in zip(batch, outcomes, strict=True):

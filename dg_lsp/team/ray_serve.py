@@ -1,8 +1,8 @@
 """`dg-lsp serve-engine` on Ray Serve: replicas of the resident engine behind one FIM ingress.
 
 Two deployments. `EngineReplica` holds a loaded engine (one per GPU on a GPU cluster; CPU replicas
-here); `@serve.batch` collects the requests that arrive while it works, and they run as one batch of
-canvases (`dg_lsp/engine/batching.py`). Its `check_health` fails after repeated failed batches, so Serve
+here); the requests that queue while it works run as its next batch of canvases (`LocalBackend`,
+`dg_lsp/engine/batching.py`). Its `check_health` fails after repeated failed requests, so Serve
 replaces a replica whose model broke, as it replaces one whose process died. `Ingress` is the FastAPI
 app (`dg_lsp/team/api.py`) in a single replica, because the newest-request-per-document rule needs one
 place that sees every request of a document: it cancels the older request's call (Ray Serve delivers the
@@ -26,7 +26,7 @@ from ray import serve
 
 from dg_lsp.engine.types import Cancelled, InfillRequest, InfillResult
 from dg_lsp.settings import Settings
-from dg_lsp.team.local import EngineRunner, hard_stop
+from dg_lsp.team.local import LocalBackend
 
 log = logging.getLogger(__name__)
 
@@ -65,37 +65,27 @@ class EngineReplica:
         torch.set_num_threads(threads)
         engine = load_engine(settings)
         engine.warmup()
-        self.runner = EngineRunner(engine, batching)
-        self._batch.set_max_batch_size(max_batch if batching and self.runner.batcher is not None else 1)
-        self._batch.set_batch_wait_timeout_s(batch_wait_s)
-        self.cancelled: set[str] = set()
+        # Not `@serve.batch`: Ray 2.60 cuts a batch when its first request arrives (plus the wait) and
+        # queues it behind the running one, so under load a busy replica ran batches of 1-2 requests while
+        # 14 more waited (its completions at 16 typists, benchmarks/results/team_serve/shipped/). Here the
+        # requests that queued while the model worked are the next batch, as in `--no-ray`.
+        self.backend = LocalBackend(engine, batching, max_batch, batch_wait_s)
+        self.runner = self.backend.runner
         self.failed_in_a_row = 0
 
     async def infill(self, rid: str, request: InfillRequest) -> tuple[str, Any]:
         """("ok", result), ("cancelled", None) or ("error", text): plain values, so nothing about the
-        failure depends on an exception class crossing the process boundary."""
+        failure depends on an exception class crossing the process boundary. A cancelled call (the client
+        left, or `/v1/fim/cancel`) drops its row before the batch's next step."""
         try:
-            outcome = await self._batch((rid, request))
-        except asyncio.CancelledError:
-            self.cancelled.add(rid)  # the running batch drops this row before its next step
-            raise
-        if isinstance(outcome, Cancelled):
+            result = await self.backend.complete(rid, request)
+        except Cancelled:
             return ("cancelled", None)
-        if isinstance(outcome, BaseException):
-            return ("error", f"{type(outcome).__name__}: {str(outcome)[:300]}")
-        return ("ok", outcome)
-
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _batch(self, items: list[tuple[str, InfillRequest]]) -> list[Any]:
-        cancels = [hard_stop(req, lambda rid=rid: rid in self.cancelled) for rid, req in items]
-        try:
-            outcomes = await asyncio.to_thread(self.runner.run, [req for _, req in items], cancels)
-        finally:
-            for rid, _ in items:
-                self.cancelled.discard(rid)
-        failed = all(isinstance(o, Exception) and not isinstance(o, Cancelled) for o in outcomes)
-        self.failed_in_a_row = self.failed_in_a_row + 1 if failed else 0
-        return outcomes
+        except Exception as exc:  # one request's failure; a run of them marks the replica unhealthy
+            self.failed_in_a_row += 1
+            return ("error", f"{type(exc).__name__}: {str(exc)[:300]}")
+        self.failed_in_a_row = 0
+        return ("ok", result)
 
     def describe(self) -> dict[str, str]:
         return {**self.runner.engine.describe(), "batching": str(self.runner.max_batch > 1)}
@@ -108,11 +98,12 @@ class EngineReplica:
             "requests": self.runner.requests,
             "cancelled": self.runner.cancelled,
             "forwards": getattr(batcher, "forwards", 0),
+            "batch_sizes": self.backend.batch_sizes[-64:],
         }
 
     def check_health(self) -> None:
         if self.failed_in_a_row >= UNHEALTHY_AFTER:
-            raise RuntimeError(f"{self.failed_in_a_row} batches in a row failed")
+            raise RuntimeError(f"{self.failed_in_a_row} requests in a row failed")
 
 
 _STATE: dict[str, Any] = {}

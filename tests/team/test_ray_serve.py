@@ -93,6 +93,30 @@ def _replica_stats(handle, want: int = 2, tries: int = 40) -> dict[str, dict]:
     return seen
 
 
+def test_a_busy_replica_runs_what_queued_behind_it_as_one_batch(team):
+    """Requests reach a busy replica 40 ms apart (far more than the 5 ms batch wait): they still run as one
+    batch once it is free. Under `@serve.batch` each was cut into a batch of its own on arrival, so at 16
+    typists the shipped model's replica ran batches of 1-2 (benchmarks/results/team_serve/shipped/)."""
+    _, handle = team
+    stats = _replica_stats(handle)
+    seen = {r: len(s["batch_sizes"]) for r, s in stats.items()}
+    long = [
+        handle.infill.remote(f"long{i}", InfillRequest(PREFIX, SUFFIX, 128, steps=128, doc_key=f"L{i}"))
+        for i in range(4)
+    ]
+    time.sleep(0.3)
+    short = []
+    for i in range(8):
+        request = InfillRequest(PREFIX + f"x{i} = ", SUFFIX, max_tokens=8, doc_key=f"S{i}")
+        short.append(handle.infill.remote(f"short{i}", request))
+        time.sleep(0.04)
+    outcomes = [r.result(timeout_s=120) for r in long + short]
+    assert all(kind == "ok" for kind, _ in outcomes), outcomes
+    after = _replica_stats(handle)
+    sizes = [n for r, s in after.items() for n in s["batch_sizes"][seen.get(r, 0) :]]
+    assert sum(sizes) == 12 and max(sizes) >= 3, sizes
+
+
 def test_no_token_is_401_and_a_bad_one_too(team):
     url, _ = team
     body = {"prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 8}
