@@ -96,8 +96,9 @@ class LocalBackend:
         self.runner = EngineRunner(engine, batching)
         self.max_batch = min(max_batch, self.runner.max_batch)
         self.batch_wait_s = batch_wait_s if self.max_batch > 1 else 0.0
-        """How long an idle model waits for company after a lone request arrives. A busy model never
-        waits: what queued while it worked is the next batch."""
+        """How long the model, about to start, waits for more requests while fewer than `max_batch` are
+        queued. What queued while it worked is its next batch however far apart it arrived; the wait only
+        gathers requests that arrive together at an idle model."""
         self.batch_sizes: list[int] = []
         """Sizes of the last batches run (bounded), for `stats`."""
         self._cv = threading.Condition()
