@@ -279,6 +279,16 @@ try {
     }
     check('ghost text visible with no suggest widget over it', !shown.suggestVisible, { suggestWidgetVisible: shown.suggestVisible });
 
+    // A person presses Tab after seeing the suggestion, not in the frame it first paints: under load
+    // (CI's slow tests just before) a Tab sent that early once inserted nothing. Wait until the same
+    // ghost text has stayed on screen for 400 ms (at most 5 s), then press it.
+    const stableBy = Date.now() + 5_000;
+    for (let last = JSON.stringify(shown); Date.now() < stableBy; ) {
+        await page.waitForTimeout(400);
+        const now = JSON.stringify(await ghost());
+        if (now === last) break;
+        last = now;
+    }
     await page.keyboard.press('Tab');
     await page.waitForTimeout(300);
     await page.keyboard.press('Control+S');
