@@ -16,6 +16,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from dg_lsp.engine.batching import Outcome, batcher_for
@@ -99,8 +100,8 @@ class LocalBackend:
         """How long the model, about to start, waits for more requests while fewer than `max_batch` are
         queued. What queued while it worked is its next batch however far apart it arrived; the wait only
         gathers requests that arrive together at an idle model."""
-        self.batch_sizes: list[int] = []
-        """Sizes of the last batches run (bounded), for `stats`."""
+        self.batch_sizes: deque[int] = deque(maxlen=256)
+        """Sizes of the last batches run, for `stats`."""
         self._cv = threading.Condition()
         self._queue: list[tuple[str, InfillRequest, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._live: set[str] = set()
@@ -142,14 +143,12 @@ class LocalBackend:
                     self._cv.wait()
                 if self._closed:
                     return
-                if self.batch_wait_s and len(self._queue) < self.max_batch:
-                    until = time.monotonic() + self.batch_wait_s
-                    while len(self._queue) < self.max_batch and not self._closed:
-                        if (left := until - time.monotonic()) <= 0:
-                            break
-                        self._cv.wait(left)
+                if self.batch_wait_s:
+                    self._cv.wait_for(
+                        lambda: len(self._queue) >= self.max_batch or self._closed, self.batch_wait_s
+                    )
                 batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-                self.batch_sizes = [*self.batch_sizes[-255:], len(batch)]
+                self.batch_sizes.append(len(batch))
             cancels = [hard_stop(req, lambda rid=rid: rid in self._cancelled) for rid, req, _, _ in batch]
             outcomes = self.runner.run([req for _, req, _, _ in batch], cancels)
             for (rid, _, future, loop), outcome in zip(batch, outcomes, strict=True):

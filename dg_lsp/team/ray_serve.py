@@ -98,7 +98,7 @@ class EngineReplica:
             "requests": self.runner.requests,
             "cancelled": self.runner.cancelled,
             "forwards": getattr(batcher, "forwards", 0),
-            "batch_sizes": self.backend.batch_sizes[-64:],
+            "batch_sizes": list(self.backend.batch_sizes)[-64:],
         }
 
     def check_health(self) -> None:

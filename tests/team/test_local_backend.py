@@ -42,7 +42,7 @@ def test_requests_that_queue_while_the_model_works_run_as_one_batch():
         backend.close()
     assert all(isinstance(r, InfillResult) for r in results)
     assert took > 0.25, "the long request ended before the others arrived: the test checks nothing"
-    assert backend.batch_sizes == [1, 5]
+    assert list(backend.batch_sizes) == [1, 5]
 
 
 def test_an_idle_model_waits_for_company_only_as_long_as_asked():
@@ -56,8 +56,8 @@ def test_an_idle_model_waits_for_company_only_as_long_as_asked():
 
     try:
         asyncio.run(two_apart(0.05))  # inside the wait: one batch of two
-        assert backend.batch_sizes == [2]
+        assert list(backend.batch_sizes) == [2]
         asyncio.run(two_apart(0.6))  # past it: the first ran alone
-        assert backend.batch_sizes == [2, 1, 1]
+        assert list(backend.batch_sizes) == [2, 1, 1]
     finally:
         backend.close()
