@@ -5,7 +5,8 @@ client (`RemoteEngine`, the remote backend an editor would use): it types 7 more
 of the file back in (the window start and the code after the stretch stay put, as in an editor), asks
 for a completion (`POST /v1/fim/completions`, 32 tokens at most), waits for the answer, pauses for
 `--think` seconds and types on. 1, 4 and 16 typists share one replica (one CPU), with the replica's
-batching on (requests waiting together decode as one batch of canvases, `dg_lsp/engine/batching.py`)
+batching on (continuous batching: requests join the running decode at its next step and leave it
+the step they end, their canvases in the same forwards, `dg_lsp/engine/batching.py`)
 and off (one request after another through the engine's own single-request path). The embedded
 diffusion model and its AR twin are served the same way.
 

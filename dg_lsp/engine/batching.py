@@ -14,6 +14,14 @@ columns inside the window and to its stale cached columns outside it, as it woul
 decoding a batched request therefore decodes what the unbatched engine decodes
 (tests/engine/test_batching.py), up to float rounding of the padded pass. The autoregressive twin is
 batched the same way (left padding, one KV cache) so the two can be compared when served alike.
+
+A server batches continuously (`BatchedMasked.decoding`, `BatchedAR.decoding`): requests join the running
+decode between steps and leave it the step they end. A static batch holds every answer until its slowest
+member ends (16 typists' requests to the shipped model: 7 of 16 rows ended within 6 of the batch's 12-14
+forwards), and what arrives meanwhile waits for all of it. A joining request's rows are laid out with the running
+ones (more left padding when its prompt is longer; the running rows' tokens and cached keys and values
+move with them, positions being per row) and take their first pass at the next step; `run` is the same
+decode with everyone joining at once.
 """
 
 from __future__ import annotations
@@ -119,8 +127,6 @@ class _Job:
     """One request's rows and decoding state inside a batch."""
 
     index: int
-    index_in: int
-    """Position in its bucket's job list (its rows in the batch tensors)."""
     request: InfillRequest
     should_cancel: ShouldCancel | None
     ids: list[int]
@@ -154,6 +160,12 @@ class _Job:
     """Canvas positions each of its passes recomputed (the engine's `last_windows`)."""
     init: torch.Tensor | None = None
     """(rows, canvas) the canvas a grown job's rows start from (`BatchedMasked._grow`); None: all masks."""
+    grow: GrowingCanvas | None = None
+    """The full canvas it may grow to (`MaskedDecoding`; `run` keeps it per group)."""
+    r0: int = 0
+    """Its first row in its group's batch tensors (`_CanvasGroup.admit` lays the rows out)."""
+    first: bool = True
+    """Its next pass is its first: the prompt, from its document's cached keys and values where it can."""
 
 
 class BatchedMasked:
@@ -188,7 +200,7 @@ class BatchedMasked:
                 starts.setdefault(self.engine.growing(length, requests[i].single_line), []).append(i)
             for grow, group in starts.items():
                 first = length if grow is None else grow.first
-                jobs = [self._job(i, k, requests[i], cancels[i], first, length) for k, i in enumerate(group)]
+                jobs = [self._job(i, requests[i], cancels[i], first, length) for i in group]
                 with torch.inference_mode():
                     self._decode(jobs, first)
                     if grow is not None:
@@ -198,16 +210,27 @@ class BatchedMasked:
                     self.last_windows[job.index] = job.windows
         return out
 
+    def decoding(self) -> MaskedDecoding:
+        """A decode that requests join and leave between steps (continuous batching)."""
+        return MaskedDecoding(self)
+
     def _decode_grown(self, jobs: list[_Job], grow: GrowingCanvas) -> None:
         """The spans that filled the short canvas without stopping go on together on the full one."""
         done = [j for j in jobs if j.stats is not None and j.final is not None]  # not cancelled
         grown = [j for j in done if grow.needed(j.final, j.masked, j.stop_tensor)]
-        for k, j in enumerate(grown):
-            self._grow(j, k, grow)
+        for j in grown:
+            self._grow(j, grow)
         if grown:
             self._decode(grown, grow.full)
 
-    def _grow(self, j: _Job, index_in: int, grow: GrowingCanvas) -> None:
+    def _decode(self, jobs: list[_Job], length: int) -> None:
+        """`jobs` decoded together to their ends."""
+        group = _CanvasGroup(self, length)
+        group.admit(jobs)
+        while group.live:
+            group.step()
+
+    def _grow(self, j: _Job, grow: GrowingCanvas) -> None:
         """`j` continued on the full canvas as the engine alone continues it (`passes.GrowingCanvas`):
         its decoded tokens kept, masks appended, the share of the steps the full canvas would have given
         them, and a full pass first (its prompt keys and values from the document's prompt cache)."""
@@ -216,14 +239,13 @@ class BatchedMasked:
         more = grow.extra_steps(j.steps, j.final.shape[1], elapsed, eng.ms_per_step, j.request.deadline_ms)
         j.ids = j.ids + [eng.mask_id] * (grow.full - j.final.shape[1])
         j.init, j.masked = grow.extend(j.final, j.masked, eng.mask_id, j.stops, eng.fill_id)
-        j.index_in, j.steps, j.step, j.done, j.final = index_in, more, 0, False, None
+        j.steps, j.step, j.done, j.final, j.first = more, 0, False, None, True
         j.stats.step_cap += more
         j.tail, j.refresh, j.cached = TailWindow(eng.cfg.trim_margin, ahead=eng.cfg.window_ahead), False, None
 
     def _job(
         self,
         index: int,
-        index_in: int,
         request: InfillRequest,
         cancel: ShouldCancel | None,
         length: int,
@@ -242,7 +264,6 @@ class BatchedMasked:
         stats = InfillStats(prompt_tokens=len(ids) - length, step_cap=steps)
         return _Job(
             index=index,
-            index_in=index_in,
             request=request,
             should_cancel=cancel,
             ids=ids,
@@ -262,139 +283,6 @@ class BatchedMasked:
             tail=TailWindow(eng.cfg.trim_margin, ahead=eng.cfg.window_ahead),
             front=FrozenFront(int(eng.shift)) if eng.freezes_front() else None,
         )
-
-    def _decode(self, jobs: list[_Job], length: int) -> None:
-        eng = self.engine
-        shift = 1 if eng.shift else 0
-        head = max(j.start for j in jobs)  # every canvas starts at this column
-        tail = max(len(j.ids) - j.start - length for j in jobs)
-        total = seq_bucket(head + length + tail)
-        head += total - (head + length + tail)  # bucket padding goes on the left, with the other pads
-        n_rows = sum(j.rows for j in jobs)
-        x = torch.full((n_rows, total), eng.fill_id, dtype=torch.long, device=eng.device)
-        attn = torch.zeros(n_rows, total, dtype=torch.long, device=eng.device)
-        row_of: list[slice] = []
-        r = 0
-        for j in jobs:
-            left = head - j.start
-            row = torch.tensor(j.ids, device=eng.device)
-            x[r : r + j.rows, left : left + len(j.ids)] = row
-            if j.init is not None:  # a grown canvas: each row's own decoded tokens
-                x[r : r + j.rows, head : head + length] = j.init
-            attn[r : r + j.rows, left : left + len(j.ids)] = 1
-            row_of.append(slice(r, r + j.rows))
-            r += j.rows
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        span = slice(head, head + length)
-        lo = head - shift
-        keep = {}
-        if eng.slices_logits:
-            keep = {"logits_to_keep": torch.arange(lo, lo + length, device=eng.device)}
-        rules = commit_rules.build(eng.rule_specs())
-        hi = head + length
-        dual = eng.cfg.dual_cache and eng.supports_kv
-        trim = dual and eng.cfg.trim_tail
-        # per layer, every row's keys and values of its last full pass (all columns: a canvas pass masks
-        # out the ones it recomputes), rows in `ctx_row` order
-        ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        ctx_row = torch.full((n_rows,), -1, dtype=torch.long, device=eng.device)
-
-        def rows_of(jobs: list[_Job]) -> torch.Tensor:
-            return torch.cat([torch.arange(row_of[j.index_in].start, row_of[j.index_in].stop) for j in jobs])
-
-        while True:
-            live = []
-            for j in jobs:
-                if j.done:
-                    continue
-                if j.should_cancel is not None and j.should_cancel():
-                    j.done = True
-                    j.stats = None  # type: ignore[assignment]  # marks the job cancelled
-                    self.rows_cancelled += j.rows
-                    continue
-                live.append(j)
-            if not live:
-                return
-            t0 = time.perf_counter()
-            if ctx is None:
-                # the first pass, per group of rows that reuse about as much of their documents' prompts
-                groups = self._reuse_groups(live, head, shift, lo) if dual else [live]
-                live = [j for g in groups for j in g]
-                parts = []
-                for group in groups:
-                    past = self._reused(group) if dual else (0, None)
-                    parts.append(
-                        self._full_pass(x, attn, pos, rows_of(group), lo, hi, length, keep, dual, past)
-                    )
-                    if dual:
-                        self._remember(group, head, ctx_full=self._last_full)
-                    for j in group:
-                        j.stats.reused_prompt_tokens = max(0, past[0] - (head - j.start))
-                logits = torch.cat([lg for lg, _ in parts])
-                full = live
-                self.forwards += 1
-                if dual:
-                    idx = rows_of(live)
-                    ctx = [
-                        (torch.cat([c[i][0] for _, c in parts]), torch.cat([c[i][1] for _, c in parts]))
-                        for i in range(len(parts[0][1]))
-                    ]
-                    ctx_row[idx] = torch.arange(len(idx), device=eng.device)
-            else:
-                # rows whose span outgrew its window take a full pass (a second forward this step), as
-                # each would alone; the others recompute their windows against their cached context
-                full = [j for j in live if j.refresh]
-                rest = [j for j in live if not j.refresh]
-                live = full + rest
-                parts = []
-                if full:
-                    idx = rows_of(full)
-                    past = self._prompt_past(ctx, ctx_row[idx], lo) if eng.layout == "block" else (0, None)
-                    lg, fresh = self._full_pass(x, attn, pos, idx, lo, hi, length, keep, dual, past)
-                    for (k, v), (fk, fv) in zip(ctx, fresh, strict=True):
-                        k[ctx_row[idx]], v[ctx_row[idx]] = fk, fv
-                    parts.append(lg)
-                    self.forwards += 1
-                if rest:
-                    ends = [length if j.tail.end is None else j.tail.end for j in rest]
-                    widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
-                    fronts = torch.tensor(
-                        [0 if j.front is None else j.front.rows for j in rest for _ in range(j.rows)]
-                    )
-                    idx = rows_of(rest)
-                    # as wide as the widest window: a trimmed row's step reads its own window alone
-                    lg = self._canvas_pass(x, attn, pos, idx, lo, head, widths, ctx, ctx_row[idx], fronts)
-                    parts.append(lg)
-                width = max(p.shape[1] for p in parts)  # a full pass's rows need the whole canvas
-                logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
-                self.forwards += 1 if rest else 0
-            r = 0
-            full_rows = sum(j.rows for j in full)
-            for n, j in enumerate(live):  # `live` lists the full pass's rows first
-                rows = row_of[j.index_in]
-                canvas = x[rows, span]
-                passed_full = n < len(full)
-                window = None if passed_full else j.tail.end
-                frozen = 0 if passed_full or j.front is None else j.front.rows
-                j.windows.append((length if window is None else window) - frozen)
-                seen = j.masked.clone() if j.front is not None else None
-                pred = self._step(j, logits[r : r + j.rows].float(), canvas, rules, window)
-                if j.front is not None:
-                    computed = (frozen, (length if window is None else window) + shift)
-                    j.front.after_pass(seen, j.masked, computed)
-                    if not passed_full and j.front.rows > frozen:
-                        self._freeze(
-                            ctx, ctx_row[rows], r - full_rows, j.rows, lo + frozen, lo + j.front.rows
-                        )
-                if trim and passed_full:
-                    j.tail.after_full_pass(canvas, j.masked, pred, j.stop_tensor)
-                    j.refresh = False
-                elif j.tail.outgrew(j.masked):
-                    j.refresh = True
-                x[rows, span] = canvas
-                r += j.rows
-            step_ms = (time.perf_counter() - t0) * 1000
-            eng.ms_per_step = step_ms if eng.ms_per_step is None else 0.7 * eng.ms_per_step + 0.3 * step_ms
 
     REUSE_SLACK = 64
     """Rows whose reusable prompt ends within this many columns of the canvas share one first pass."""
@@ -559,6 +447,267 @@ class BatchedMasked:
         return InfillResult(eng.unheal(j.request, ranked), j.stats)
 
 
+class _CanvasGroup:
+    """Jobs decoding on canvases of one length, one forward per step for all of them. Jobs may join
+    between steps (`admit`): a server then starts a request the step after it arrives instead of after
+    the slowest member of a running batch, and settles each one the step it ends."""
+
+    def __init__(self, batcher: BatchedMasked, length: int) -> None:
+        self.b = batcher
+        self.eng = batcher.engine
+        self.length = length
+        self.shift = 1 if self.eng.shift else 0
+        self.rules = commit_rules.build(self.eng.rule_specs())
+        self.dual = self.eng.cfg.dual_cache and self.eng.supports_kv
+        self.trim = self.dual and self.eng.cfg.trim_tail
+        self.jobs: list[_Job] = []
+        self.head = 0
+        """Every row's canvas starts at this column."""
+        self.x = self.attn = self.pos = torch.empty(0, 0, dtype=torch.long)
+        self.ctx: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        """Per layer, every row's keys and values of its last full pass (all columns: a canvas pass masks
+        out the ones it recomputes), rows in batch order."""
+
+    @property
+    def live(self) -> bool:
+        return any(not j.done for j in self.jobs)
+
+    def admit(self, new: list[_Job]) -> None:
+        """Lay out the unfinished jobs and `new` afresh: canvases aligned at one column, prefixes
+        left-padded, suffixes right-padded. A kept row's tokens and cached keys and values move with it;
+        positions are counted per row, so nothing is recomputed. The new jobs take their first pass at the
+        next step; finished rows are dropped."""
+        eng, length = self.eng, self.length
+        keep = [j for j in self.jobs if not j.done]
+        jobs = keep + list(new)
+        if not jobs:
+            self.jobs = []
+            return
+        head = max(j.start for j in jobs)
+        tail = max(len(j.ids) - j.start - length for j in jobs)
+        total = seq_bucket(head + length + tail)
+        head += total - (head + length + tail)  # bucket padding goes on the left, with the other pads
+        n_rows = sum(j.rows for j in jobs)
+        x = torch.full((n_rows, total), eng.fill_id, dtype=torch.long, device=eng.device)
+        attn = torch.zeros(n_rows, total, dtype=torch.long, device=eng.device)
+        ctx = None
+        if self.ctx is not None and keep:
+            ctx = [
+                (
+                    k.new_zeros(n_rows, k.shape[1], total, k.shape[3]),
+                    v.new_zeros(n_rows, v.shape[1], total, v.shape[3]),
+                )
+                for k, v in self.ctx
+            ]
+        r = 0
+        kept = len(keep)
+        for n, j in enumerate(jobs):
+            rows, left = slice(r, r + j.rows), head - j.start
+            cols = slice(left, left + len(j.ids))
+            if n < kept:  # its canvas as decoded so far, and its context
+                old_left = self.head - j.start
+                old = (slice(j.r0, j.r0 + j.rows), slice(old_left, old_left + len(j.ids)))
+                x[rows, cols] = self.x[old]
+                if ctx is not None and self.ctx is not None and not j.first:
+                    for (k, v), (ok, ov) in zip(ctx, self.ctx, strict=True):
+                        k[rows, :, cols] = ok[old[0], :, old[1]]
+                        v[rows, :, cols] = ov[old[0], :, old[1]]
+            else:
+                x[rows, cols] = torch.tensor(j.ids, device=eng.device)
+                if j.init is not None:  # a grown canvas: each row's own decoded tokens
+                    x[rows, head : head + length] = j.init
+                j.first = True
+            attn[rows, cols] = 1
+            j.r0 = r
+            r += j.rows
+        self.jobs, self.head, self.x, self.attn, self.ctx = jobs, head, x, attn, ctx
+        self.pos = (attn.cumsum(-1) - 1).clamp(min=0)
+
+    def _rows(self, jobs: list[_Job]) -> torch.Tensor:
+        return torch.cat([torch.arange(j.r0, j.r0 + j.rows) for j in jobs])
+
+    def _keep_context(self, idx: torch.Tensor, fresh) -> None:
+        """Rows `idx`'s keys and values of the full pass they just took become their context."""
+        if self.ctx is None:
+            n = self.x.shape[0]
+            self.ctx = [(k.new_zeros(n, *k.shape[1:]), v.new_zeros(n, *v.shape[1:])) for k, v in fresh]
+        for (k, v), (fk, fv) in zip(self.ctx, fresh, strict=True):
+            k[idx], v[idx] = fk, fv
+
+    def step(self) -> list[_Job]:
+        """One denoising step for every unfinished job; returns the jobs that ended in it (finished, or
+        cancelled: `stats` None)."""
+        b, eng, length, shift = self.b, self.eng, self.length, self.shift
+        ended: list[_Job] = []
+        live: list[_Job] = []
+        for j in self.jobs:
+            if j.done:
+                continue
+            if j.should_cancel is not None and j.should_cancel():
+                j.done = True
+                j.stats = None  # type: ignore[assignment]  # marks the job cancelled
+                b.rows_cancelled += j.rows
+                ended.append(j)
+                continue
+            live.append(j)
+        if not live:
+            return ended
+        t0 = time.perf_counter()
+        x, attn, pos, head = self.x, self.attn, self.pos, self.head
+        span = slice(head, head + length)
+        lo, hi = head - shift, head + length
+        keep = {}
+        if eng.slices_logits:
+            keep = {"logits_to_keep": torch.arange(lo, lo + length, device=eng.device)}
+        # without the dual cache every step is a full pass; with it, a job's first pass reads its prompt
+        # (from its document's cached keys and values where it can), a job whose span outgrew its window
+        # takes a full pass (a second forward this step), as it would alone, and the others recompute their
+        # windows against their cached context
+        firsts = [j for j in live if j.first or not self.dual]
+        full = [j for j in live if j.refresh and not (j.first or not self.dual)]
+        rest = [j for j in live if not (j.first or not self.dual) and not j.refresh]
+        parts = []
+        if firsts:
+            # per group of rows that reuse about as much of their documents' prompts
+            groups = b._reuse_groups(firsts, head, shift, lo) if self.dual else [firsts]
+            firsts = [j for g in groups for j in g]
+            for group in groups:
+                past = b._reused(group) if self.dual else (0, None)
+                idx = self._rows(group)
+                lg, fresh = b._full_pass(x, attn, pos, idx, lo, hi, length, keep, self.dual, past)
+                if self.dual:
+                    b._remember(group, head, ctx_full=b._last_full)
+                    self._keep_context(idx, fresh)
+                for j in group:
+                    j.stats.reused_prompt_tokens = max(0, past[0] - (head - j.start))
+                    j.first = False
+                parts.append(lg)
+            b.forwards += 1
+        if full:
+            idx = self._rows(full)
+            past = b._prompt_past(self.ctx, idx, lo) if eng.layout == "block" else (0, None)
+            lg, fresh = b._full_pass(x, attn, pos, idx, lo, hi, length, keep, self.dual, past)
+            self._keep_context(idx, fresh)
+            parts.append(lg)
+            b.forwards += 1
+        if rest:
+            ends = [length if j.tail.end is None else j.tail.end for j in rest]
+            widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
+            fronts = torch.tensor(
+                [0 if j.front is None else j.front.rows for j in rest for _ in range(j.rows)]
+            )
+            idx = self._rows(rest)
+            # as wide as the widest window: a trimmed row's step reads its own window alone
+            parts.append(b._canvas_pass(x, attn, pos, idx, lo, head, widths, self.ctx, idx, fronts))
+            b.forwards += 1
+        live = firsts + full + rest  # the order of `parts`' rows
+        width = max(p.shape[1] for p in parts)  # a full pass's rows need the whole canvas
+        logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
+        n_full = len(firsts) + len(full)
+        full_rows = sum(j.rows for j in live[:n_full])
+        r = 0
+        for n, j in enumerate(live):
+            rows = slice(j.r0, j.r0 + j.rows)
+            canvas = x[rows, span]
+            passed_full = n < n_full
+            window = None if passed_full else j.tail.end
+            frozen = 0 if passed_full or j.front is None else j.front.rows
+            j.windows.append((length if window is None else window) - frozen)
+            seen = j.masked.clone() if j.front is not None else None
+            pred = b._step(j, logits[r : r + j.rows].float(), canvas, self.rules, window)
+            if j.front is not None:
+                computed = (frozen, (length if window is None else window) + shift)
+                j.front.after_pass(seen, j.masked, computed)
+                if not passed_full and j.front.rows > frozen:
+                    b._freeze(self.ctx, rows, r - full_rows, j.rows, lo + frozen, lo + j.front.rows)
+            if self.trim and passed_full:
+                j.tail.after_full_pass(canvas, j.masked, pred, j.stop_tensor)
+                j.refresh = False
+            elif j.tail.outgrew(j.masked):
+                j.refresh = True
+            x[rows, span] = canvas
+            if j.done:
+                ended.append(j)
+            r += j.rows
+        step_ms = (time.perf_counter() - t0) * 1000
+        eng.ms_per_step = step_ms if eng.ms_per_step is None else 0.7 * eng.ms_per_step + 0.3 * step_ms
+        return ended
+
+
+class MaskedDecoding:
+    """Continuous batching on a `BatchedMasked`: requests join the running decode between steps (`add`)
+    and leave it the step they end (`step` returns them). A static batch holds every answer until its
+    slowest member is done, and whatever arrives meanwhile waits for all of it; here a request starts one
+    step after it arrives and its rows run in the same forwards as everyone else's of its canvas length.
+    Each request decodes what it decodes alone (tests/engine/test_batching.py)."""
+
+    def __init__(self, batcher: BatchedMasked) -> None:
+        self.b = batcher
+        self.groups: dict[int, _CanvasGroup] = {}
+        """Per canvas length: rows must share it for their canvas columns to line up."""
+        self._keys: dict[int, object] = {}
+        self._next = 0
+
+    def __len__(self) -> int:
+        """Requests decoding now."""
+        return len(self._keys)
+
+    def add(self, items: Sequence[tuple[object, InfillRequest, ShouldCancel | None]]) -> None:
+        """(key, request, should_cancel) each: they take their first pass at the next `step`."""
+        eng = self.b.engine
+        joining: dict[int, list[_Job]] = {}
+        for key, request, cancel in items:
+            request = eng.heal(request)
+            length = sampler.bucket(min(request.max_tokens, eng.cfg.buckets[-1]), eng.cfg.buckets)
+            grow = eng.growing(length, request.single_line)
+            first = length if grow is None else grow.first
+            job = self.b._job(self._next, request, cancel, first, length)
+            job.grow = grow
+            self._keys[self._next] = key
+            self._next += 1
+            joining.setdefault(first, []).append(job)
+        for length, jobs in joining.items():
+            self._group(length).admit(jobs)
+
+    def _group(self, length: int) -> _CanvasGroup:
+        if length not in self.groups:
+            self.groups[length] = _CanvasGroup(self.b, length)
+        return self.groups[length]
+
+    def step(self) -> list[tuple[object, Outcome]]:
+        """One step for every canvas length with requests decoding; the (key, outcome) of each request
+        that ended in it. A span that filled its short canvas without stopping moves to its full one
+        (`passes.GrowingCanvas`), as alone, and ends there."""
+        out: list[tuple[object, Outcome]] = []
+        with torch.inference_mode():
+            for length in sorted(self.groups):
+                group = self.groups[length]
+                if not group.live:
+                    continue
+                for j in group.step():
+                    grow = j.grow
+                    if (
+                        j.stats is not None
+                        and grow is not None
+                        and grow.needed(j.final, j.masked, j.stop_tensor)
+                    ):
+                        group.jobs.remove(j)  # it leaves this group's rows for the full canvas's
+                        self.b._grow(j, grow)
+                        self._group(grow.full).admit([j])
+                    else:
+                        out.append((self._keys.pop(j.index), self.b._finish(j, length)))
+                if not group.live:  # its rows' tensors and keys and values go with it
+                    del self.groups[length]
+        return out
+
+    def fail(self) -> list[object]:
+        """Drop every request (after a failed step) and return their keys."""
+        keys = list(self._keys.values())
+        self._keys.clear()
+        self.groups.clear()
+        return keys
+
+
 class BatchedAR:
     """Greedy decoding of several requests on an `AutoregressiveEngine`'s model: prompts left-padded,
     one KV cache, one forward per generated token for every row still running."""
@@ -571,86 +720,18 @@ class BatchedAR:
     def run(
         self, requests: Sequence[InfillRequest], cancels: Sequence[ShouldCancel | None] | None = None
     ) -> list[Outcome]:
-        eng = self.engine
         cancels = list(cancels) if cancels is not None else [None] * len(requests)
-        requests = [eng.heal(r) for r in requests]  # as the engine alone would
-        prompts = [eng.prompt_ids(r) for r in requests]
-        t0 = time.perf_counter()
-        total = seq_bucket(max(len(p) for p in prompts))
-        n = len(requests)
-        pad = next(iter(sorted(eng.stop_ids)), 0)
-        x = torch.full((n, total), pad, dtype=torch.long, device=eng.device)
-        attn = torch.zeros(n, total, dtype=torch.long, device=eng.device)
-        for i, p in enumerate(prompts):
-            x[i, total - len(p) :] = torch.tensor(p, device=eng.device)
-            attn[i, total - len(p) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        stats = [InfillStats(prompt_tokens=len(p), encoder_passes=1, forward_passes=1) for p in prompts]
-        new: list[list[int]] = [[] for _ in requests]
-        picked: list[list[float]] = [[] for _ in requests]
-        done = [False] * n
-        cancelled = [False] * n
-        newline = eng.newline_ids()
-        with torch.inference_mode():
-            model = eng.model
-            cache_arg = cache_kwarg(model.forward) or eng.cache_arg
-            cache, logits = self._prefill(x, attn, pos, prompts, requests, stats, cache_arg)
-            first = [eng.first_token_bars(r, logits.shape[-1]) for r in requests]
-            while True:
-                nxt = torch.full((n, 1), pad, dtype=torch.long, device=eng.device)
-                for i, req in enumerate(requests):
-                    if done[i]:
-                        continue
-                    if cancels[i] is not None and cancels[i]():
-                        done[i] = cancelled[i] = True
-                        self.rows_cancelled += 1
-                        continue
-                    row = logits[i].clone()
-                    barred: set[int] = set()
-                    if len(new[i]) < eng.min_tokens + eng.retyped(req, new[i]):
-                        barred = eng.stop_ids | (newline if req.single_line else set())
-                    if barred:
-                        row[sorted(barred)] = float("-inf")
-                    if not new[i] and first[i] is not None:
-                        row[first[i]] = float("-inf")
-                    tok = int(row.argmax())
-                    if tok in eng.stop_ids:
-                        done[i] = True
-                        continue
-                    new[i].append(tok)
-                    picked[i].append(float(torch.log_softmax(row, -1)[tok]))
-                    if len(new[i]) >= req.max_tokens or (req.single_line and tok in newline):
-                        done[i] = True
-                        continue
-                    nxt[i, 0] = tok
-                if all(done):
-                    break
-                attn = torch.cat([attn, (~torch.tensor(done, device=eng.device)).long()[:, None]], dim=1)
-                pos = pos[:, -1:] + 1
-                out = model(
-                    input_ids=nxt,
-                    attention_mask=attn,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{cache_arg: cache},
-                    **eng._last,
-                )
-                self.forwards += 1
-                for i in range(n):
-                    if not done[i]:
-                        stats[i].forward_passes += 1
-                logits = out.logits[:, -1, :].float()
-        results: list[Outcome] = []
-        for i in range(n):
-            if cancelled[i]:
-                results.append(Cancelled())
-                continue
-            stats[i].generated_tokens = len(new[i])
-            stats[i].total_ms = (time.perf_counter() - t0) * 1000
-            score = sum(picked[i]) / len(picked[i]) if picked[i] else 0.0
-            text = eng.tokenizer.decode(new[i], skip_special_tokens=True)
-            results.append(InfillResult(eng.unheal(requests[i], [Candidate(text, score, new[i])]), stats[i]))
-        return results
+        decoding = self.decoding()
+        decoding.add(list(zip(range(len(requests)), requests, cancels, strict=True)))
+        out: list[Outcome] = [Cancelled()] * len(requests)
+        while len(decoding):
+            for i, outcome in decoding.step():
+                out[i] = outcome  # type: ignore[index]
+        return out
+
+    def decoding(self) -> ARDecoding:
+        """A decode that requests join and leave between steps (continuous batching)."""
+        return ARDecoding(self)
 
     def _prefill(self, x, attn, pos, prompts, requests, stats, cache_arg):
         """(one cache for every row, last-position logits): each group of rows (`_near_far`) starts at the
@@ -705,6 +786,180 @@ class BatchedAR:
             layer.update(keys, values)
         assert logits is not None
         return full, logits.float()
+
+
+@dataclass
+class _ARJob:
+    """One request's row in an `ARDecoding`."""
+
+    key: object
+    request: InfillRequest
+    should_cancel: ShouldCancel | None
+    stats: InfillStats
+    bars: torch.Tensor | None = None
+    """Tokens its first pick may not take (`first_token_bars`)."""
+    new: list[int] = field(default_factory=list)
+    picked: list[float] = field(default_factory=list)
+    done: bool = False
+    cancelled: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def _rows_of_cache(config, cache, idx: torch.Tensor | None, pad: int = 0):
+    """A new cache holding rows `idx` (all when None) of `cache`, `pad` zero columns on the left."""
+    out = new_cache(config)
+    for layer, old in zip(out.layers, cache.layers, strict=True):
+        keys = old.keys if idx is None else old.keys[idx]
+        values = old.values if idx is None else old.values[idx]
+        if pad:
+            keys = torch.nn.functional.pad(keys, (0, 0, pad, 0))
+            values = torch.nn.functional.pad(values, (0, 0, pad, 0))
+        layer.update(keys, values)
+    return out
+
+
+class ARDecoding:
+    """Continuous batching on a `BatchedAR`: requests join between steps (`add` prefills them and lines
+    their keys and values up with the running rows', left-padded; positions are per row) and leave the
+    step they end, which also drops their rows from later forwards."""
+
+    def __init__(self, batcher: BatchedAR) -> None:
+        self.b = batcher
+        eng = batcher.engine
+        self.eng = eng
+        self.pad = next(iter(sorted(eng.stop_ids)), 0)
+        self.newline = eng.newline_ids()
+        self.cache_arg = cache_kwarg(eng.model.forward) or eng.cache_arg
+        self.jobs: list[_ARJob] = []
+        """The rows, in cache order; every one still decoding."""
+        self.cache = None
+        self.attn = torch.zeros(0, 0, dtype=torch.long)
+        self.next_pos = torch.zeros(0, 1, dtype=torch.long)
+        self.logits = torch.zeros(0, 0)
+        """Per row, the logits its next token is picked from."""
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    @torch.inference_mode()
+    def add(self, items: Sequence[tuple[object, InfillRequest, ShouldCancel | None]]) -> None:
+        """(key, request, should_cancel) each: prefilled now (reusing each document's cached prompt, as
+        alone), their first token picked at the next `step`."""
+        if not items:
+            return
+        eng = self.eng
+        requests = [eng.heal(r) for _, r, _ in items]  # as the engine alone would
+        prompts = [eng.prompt_ids(r) for r in requests]
+        total = seq_bucket(max(len(p) for p in prompts))
+        n = len(requests)
+        x = torch.full((n, total), self.pad, dtype=torch.long, device=eng.device)
+        attn = torch.zeros(n, total, dtype=torch.long, device=eng.device)
+        for i, p in enumerate(prompts):
+            x[i, total - len(p) :] = torch.tensor(p, device=eng.device)
+            attn[i, total - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        jobs = [
+            _ARJob(key, r, cancel, InfillStats(prompt_tokens=len(p), encoder_passes=1, forward_passes=1))
+            for (key, _, cancel), r, p in zip(items, requests, prompts, strict=True)
+        ]
+        cache, logits = self.b._prefill(
+            x, attn, pos, prompts, requests, [j.stats for j in jobs], self.cache_arg
+        )
+        for j in jobs:
+            j.bars = eng.first_token_bars(j.request, logits.shape[-1])
+        if self.cache is None or not self.jobs:
+            self.jobs, self.cache, self.attn, self.logits = jobs, cache, attn, logits
+            self.next_pos = pos[:, -1:] + 1
+            return
+        config = eng.model.config
+        width = max(self.attn.shape[1], total)
+        old, new = width - self.attn.shape[1], width - total
+        merged = new_cache(config)
+        ours = _rows_of_cache(config, self.cache, None, old)
+        theirs = _rows_of_cache(config, cache, None, new)
+        for layer, a, b in zip(merged.layers, ours.layers, theirs.layers, strict=True):
+            layer.update(torch.cat([a.keys, b.keys]), torch.cat([a.values, b.values]))
+        pad = torch.nn.functional.pad
+        self.cache = merged
+        self.attn = torch.cat([pad(self.attn, (old, 0)), pad(attn, (new, 0))])
+        self.next_pos = torch.cat([self.next_pos, pos[:, -1:] + 1])
+        self.logits = torch.cat([self.logits, logits])
+        self.jobs += jobs
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[object, Outcome]]:
+        """Every row's next token, then one forward for the rows still decoding; the (key, outcome) of
+        each request that ended."""
+        eng = self.eng
+        ended: list[_ARJob] = []
+        nxt = torch.full((len(self.jobs), 1), self.pad, dtype=torch.long, device=eng.device)
+        for i, j in enumerate(self.jobs):
+            req = j.request
+            if j.should_cancel is not None and j.should_cancel():
+                j.done = j.cancelled = True
+                self.b.rows_cancelled += 1
+                ended.append(j)
+                continue
+            row = self.logits[i].clone()
+            barred: set[int] = set()
+            if len(j.new) < eng.min_tokens + eng.retyped(req, j.new):
+                barred = eng.stop_ids | (self.newline if req.single_line else set())
+            if barred:
+                row[sorted(barred)] = float("-inf")
+            if not j.new and j.bars is not None:
+                row[j.bars] = float("-inf")
+            tok = int(row.argmax())
+            if tok in eng.stop_ids:
+                j.done = True
+                ended.append(j)
+                continue
+            j.new.append(tok)
+            j.picked.append(float(torch.log_softmax(row, -1)[tok]))
+            if len(j.new) >= req.max_tokens or (req.single_line and tok in self.newline):
+                j.done = True
+                ended.append(j)
+                continue
+            nxt[i, 0] = tok
+        live = [i for i, j in enumerate(self.jobs) if not j.done]
+        if len(live) < len(self.jobs) and live:
+            idx = torch.tensor(live, device=eng.device)
+            self.cache = _rows_of_cache(eng.model.config, self.cache, idx)
+            self.attn, self.next_pos, nxt = self.attn[idx], self.next_pos[idx], nxt[idx]
+        self.jobs = [self.jobs[i] for i in live]
+        if self.jobs:
+            self.attn = torch.cat([self.attn, self.attn.new_ones(len(self.jobs), 1)], dim=1)
+            out = eng.model(
+                input_ids=nxt,
+                attention_mask=self.attn,
+                position_ids=self.next_pos,
+                use_cache=True,
+                **{self.cache_arg: self.cache},
+                **eng._last,
+            )
+            self.b.forwards += 1
+            self.next_pos = self.next_pos + 1
+            self.logits = out.logits[:, -1, :].float()
+            for j in self.jobs:
+                j.stats.forward_passes += 1
+        else:
+            self.cache = None
+        return [(j.key, self._finish(j)) for j in ended]
+
+    def _finish(self, j: _ARJob) -> Outcome:
+        if j.cancelled:
+            return Cancelled()
+        eng = self.eng
+        j.stats.generated_tokens = len(j.new)
+        j.stats.total_ms = (time.perf_counter() - j.t0) * 1000
+        score = sum(j.picked) / len(j.picked) if j.picked else 0.0
+        text = eng.tokenizer.decode(j.new, skip_special_tokens=True)
+        return InfillResult(eng.unheal(j.request, [Candidate(text, score, j.new)]), j.stats)
+
+    def fail(self) -> list[object]:
+        """Drop every request (after a failed step) and return their keys."""
+        keys = [j.key for j in self.jobs]
+        self.jobs, self.cache = [], None
+        return keys
 
 
 PREFILL_SLACK = 64

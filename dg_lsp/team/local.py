@@ -6,8 +6,10 @@ and every request with batching off, takes the engine's own single-request path 
 fastest forward, per-document prompt cache and continuation cache), so batching is compared with the
 best the engine does one request at a time, not with a batch of one.
 
-`LocalBackend` is the server without Ray (`dg-lsp serve-engine --no-ray`, and the tests of the HTTP
-layer): one thread owns the model, and whatever waited while it worked runs as the next batch.
+`LocalBackend` is the queue in front of the model, in each Ray replica and in the server without Ray
+(`dg-lsp serve-engine --no-ray`, and the tests of the HTTP layer): one thread owns the model and batches
+continuously, as LLM servers do (llama.cpp's slots, vLLM): whatever arrived while it worked joins the
+running decode at its next step, and each request is answered the step it ends.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dg_lsp.engine.batching import Outcome, batcher_for
 from dg_lsp.engine.types import Cancelled, InfillEngine, InfillRequest, InfillResult
@@ -39,6 +42,7 @@ class EngineRunner:
         if keep is not None:
             keep(documents)
         self.batches = 0
+        """Batches run (`run`), or steps of the continuous decode (`LocalBackend`)."""
         self.requests = 0
         self.cancelled = 0
         """Requests stopped between steps (superseded, cancelled by the client, or past their limit)."""
@@ -89,7 +93,7 @@ def hard_stop(request: InfillRequest, is_cancelled: Callable[[], bool]) -> Calla
 
 
 class LocalBackend:
-    """`api.Backend` in this process: requests queue for one model thread, which takes them in batches."""
+    """`api.Backend` in this process: requests queue for one model thread, which decodes them together."""
 
     def __init__(
         self, engine: InfillEngine, batching: bool = True, max_batch: int = 16, batch_wait_s: float = 0.0
@@ -97,11 +101,13 @@ class LocalBackend:
         self.runner = EngineRunner(engine, batching)
         self.max_batch = min(max_batch, self.runner.max_batch)
         self.batch_wait_s = batch_wait_s if self.max_batch > 1 else 0.0
-        """How long the model, about to start, waits for more requests while fewer than `max_batch` are
-        queued. What queued while it worked is its next batch however far apart it arrived; the wait only
-        gathers requests that arrive together at an idle model."""
+        """How long an idle model, about to start, waits for more requests while fewer than `max_batch` are
+        queued. A busy one takes whatever arrived at its next step; the wait only gathers requests that
+        arrive together at an idle model."""
         self.batch_sizes: deque[int] = deque(maxlen=256)
-        """Sizes of the last batches run, for `stats`."""
+        """Requests decoding together in each of the last steps (with batching off, 1 per request)."""
+        self.step_sizes: Counter[int] = Counter()
+        """How many steps ran with each number of requests decoding together, since the start."""
         self._cv = threading.Condition()
         self._queue: list[tuple[str, InfillRequest, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._live: set[str] = set()
@@ -137,25 +143,78 @@ class LocalBackend:
             self._cv.notify()
 
     def _work(self) -> None:
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                if self.batch_wait_s:
-                    self._cv.wait_for(
-                        lambda: len(self._queue) >= self.max_batch or self._closed, self.batch_wait_s
-                    )
-                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-                self.batch_sizes.append(len(batch))
-            cancels = [hard_stop(req, lambda rid=rid: rid in self._cancelled) for rid, req, _, _ in batch]
-            outcomes = self.runner.run([req for _, req, _, _ in batch], cancels)
-            for (rid, _, future, loop), outcome in zip(batch, outcomes, strict=True):
-                with self._cv:
-                    self._live.discard(rid)
-                    self._cancelled.discard(rid)
-                loop.call_soon_threadsafe(_settle, future, outcome)
+        if self.max_batch > 1 and self.runner.batcher is not None:
+            self._work_continuously()
+        else:
+            self._work_one_by_one()
+
+    def _take(self, room: int, running: bool) -> list[tuple[str, InfillRequest, asyncio.Future, Any]] | None:
+        """Up to `room` queued requests, waiting for some while nothing runs; None once closed."""
+        with self._cv:
+            while not self._queue and not self._closed and not running:
+                self._cv.wait()
+            if self._closed:
+                return None
+            if self.batch_wait_s and not running:
+                self._cv.wait_for(lambda: len(self._queue) >= room or self._closed, self.batch_wait_s)
+            taken, self._queue = self._queue[:room], self._queue[room:]
+            return taken
+
+    def _work_one_by_one(self) -> None:
+        while (taken := self._take(1, running=False)) is not None:
+            for item in taken:
+                self.batch_sizes.append(1)
+                self.step_sizes[1] += 1
+                outcome = self.runner.run([item[1]], [self._stop_for(item[0], item[1])])[0]
+                self._settle_one(item, outcome)
+
+    def _work_continuously(self) -> None:
+        """Continuous batching: what queued while the model worked joins the running decode at its next
+        step, and each request is answered the step it ends (`batching.MaskedDecoding`/`ARDecoding`)."""
+        decoding = self.runner.batcher.decoding()
+        waiting: dict[str, tuple[str, InfillRequest, asyncio.Future, Any]] = {}
+        while (taken := self._take(self.max_batch - len(decoding), running=len(decoding) > 0)) is not None:
+            joining = []
+            for item in taken:
+                rid, request = item[0], item[1]
+                typed = self.runner.engine.continued(request)  # typing into the suggestion shown: no pass
+                if typed is not None:
+                    self.runner.requests += 1
+                    self._settle_one(item, typed)
+                    continue
+                waiting[rid] = item
+                joining.append((rid, request, self._stop_for(rid, request)))
+            try:
+                if joining:
+                    self.runner.requests += len(joining)
+                    decoding.add(joining)
+                if not len(decoding):
+                    continue
+                self.batch_sizes.append(len(decoding))
+                self.step_sizes[len(decoding)] += 1
+                self.runner.batches += 1
+                ended = decoding.step()
+            except Exception as exc:  # a failed step fails the requests in it, not the replica
+                log.exception("team server: a step of %d requests failed", len(decoding))
+                ended = [(rid, exc) for rid in decoding.fail()]
+            for rid, outcome in ended:
+                item = waiting.pop(rid)
+                if isinstance(outcome, InfillResult):
+                    self.runner.engine.shown(item[1], outcome.candidates)
+                self.runner.cancelled += isinstance(outcome, Cancelled)
+                self._settle_one(item, outcome)
+        for item in waiting.values():  # closed mid-decode
+            self._settle_one(item, Cancelled())
+
+    def _stop_for(self, rid: str, request: InfillRequest) -> Callable[[], bool]:
+        return hard_stop(request, lambda: rid in self._cancelled)
+
+    def _settle_one(self, item: tuple[str, InfillRequest, asyncio.Future, Any], outcome: Outcome) -> None:
+        rid, _, future, loop = item
+        with self._cv:
+            self._live.discard(rid)
+            self._cancelled.discard(rid)
+        loop.call_soon_threadsafe(_settle, future, outcome)
 
 
 def _settle(future: asyncio.Future, outcome: Outcome) -> None:

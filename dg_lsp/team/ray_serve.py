@@ -68,7 +68,8 @@ class EngineReplica:
         # Not `@serve.batch`: Ray 2.60 cuts a batch when its first request arrives (plus the wait) and
         # queues it behind the running one, so under load a busy replica ran batches of 1-2 requests while
         # 14 more waited (its completions at 16 typists, benchmarks/results/team_serve/shipped/). Here the
-        # requests that queued while the model worked are the next batch, as in `--no-ray`.
+        # requests that arrive while the model works join its running decode at the next step, as in
+        # `--no-ray` (continuous batching).
         self.backend = LocalBackend(engine, batching, max_batch, batch_wait_s)
         self.runner = self.backend.runner
         self.failed_in_a_row = 0
@@ -94,11 +95,11 @@ class EngineReplica:
         batcher = self.runner.batcher
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
-            "batches": self.runner.batches,
+            "steps": self.runner.batches,
             "requests": self.runner.requests,
             "cancelled": self.runner.cancelled,
             "forwards": getattr(batcher, "forwards", 0),
-            "batch_sizes": list(self.backend.batch_sizes)[-64:],
+            "step_sizes": dict(self.backend.step_sizes),
         }
 
     def check_health(self) -> None:

@@ -387,3 +387,114 @@ def test_the_shipped_ar_twin_is_batched_and_reuses_each_documents_prompt(fp32):
         assert y.stats.reused_prompt_tokens <= x.stats.reused_prompt_tokens
         assert x.candidates[0].token_ids == y.candidates[0].token_ids
     assert [r.stats.reused_prompt_tokens > 0 for r in together] == [True, True, False]
+
+
+def _drive(decoding, joins: dict[int, list[tuple[int, InfillRequest]]]) -> tuple[dict, dict]:
+    """Steps a continuous decode to its end, adding `joins[k]` just before step k; returns each request's
+    outcome and the step it ended at."""
+    out: dict = {}
+    ended_at: dict = {}
+    step = 0
+    while step <= max(joins) or len(decoding):
+        if step in joins:
+            decoding.add([(key, r, None) for key, r in joins[step]])
+        for key, outcome in decoding.step():
+            out[key], ended_at[key] = outcome, step
+        step += 1
+        assert step < 500, "the decode never ended"
+    return out, ended_at
+
+
+JOINS = {  # short prompts first; longer ones join the running canvases (their rows are laid out again)
+    0: [(3, REQUESTS[3]), (4, REQUESTS[4])],
+    2: [(0, REQUESTS[0]), (1, REQUESTS[1])],
+    3: [(2, REQUESTS[2])],
+}
+
+
+def test_requests_joining_a_running_masked_decode_decode_what_they_decode_alone(masked_engine):
+    """Continuous batching: requests added between steps, to canvases already decoding (a longer prompt
+    moves every running row's tokens and cached keys and values), each decode what they decode alone, and
+    each is returned the step it ends, not when the slowest is done."""
+    alone = {key: masked_engine.infill(r) for joins in JOINS.values() for key, r in joins}
+    runner = batcher_for(masked_engine)
+    out, ended_at = _drive(runner.decoding(), JOINS)
+    assert sorted(out) == sorted(alone)
+    for key, a in alone.items():
+        b = out[key]
+        assert [c.text for c in a.candidates] == [c.text for c in b.candidates], key
+        assert [c.mean_logprob for c in a.candidates] == pytest.approx(
+            [c.mean_logprob for c in b.candidates], abs=1e-4
+        )
+        assert (a.stats.forward_passes, a.stats.generated_tokens) == (
+            b.stats.forward_passes,
+            b.stats.generated_tokens,
+        )
+    # each ends after as many steps as it takes alone, counted from the step it joined
+    joined = {key: step for step, joins in JOINS.items() for key, _ in joins}
+    assert {k: ended_at[k] - joined[k] + 1 for k in alone} == {
+        k: a.stats.forward_passes for k, a in alone.items()
+    }
+    assert len(set(ended_at.values())) > 1
+
+
+def test_a_cancelled_request_leaves_a_running_decode_and_the_others_untouched(masked_engine):
+    decoding = batcher_for(masked_engine).decoding()
+    calls = {"n": 0}
+
+    def cancel_on_third_step() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 2
+
+    decoding.add([("a", REQUESTS[0], cancel_on_third_step), ("b", REQUESTS[4], None)])
+    out = {}
+    while len(decoding):
+        out.update(decoding.step())
+    assert isinstance(out["a"], Cancelled)
+    assert out["b"].best == masked_engine.infill(REQUESTS[4]).best
+
+
+def test_requests_joining_a_running_ar_decode_decode_what_they_decode_alone(fp32):
+    engine = AutoregressiveEngine(AR_TWIN_DIR, use_continuation_cache=False, use_prompt_cache=False)
+    alone = {key: engine.infill(r) for joins in JOINS.values() for key, r in joins}
+    runner = batcher_for(engine)
+    out, ended_at = _drive(runner.decoding(), JOINS)
+    for key, a in alone.items():
+        assert a.best == out[key].best, key
+        assert a.candidates[0].mean_logprob == pytest.approx(out[key].candidates[0].mean_logprob, abs=1e-4)
+        assert a.stats.forward_passes == out[key].stats.forward_passes
+    joined = {key: step for step, joins in JOINS.items() for key, _ in joins}
+    # a request's last forward is its last token's: it ends at the step that picks the token after it
+    assert {k: ended_at[k] - joined[k] + 1 for k in alone} == {
+        k: a.stats.forward_passes for k, a in alone.items()
+    }
+
+
+def test_the_shipped_block_models_canvases_grow_and_freeze_in_a_running_decode(fp32):
+    """The embedded model with its recommended sampler and canvases that grow: requests joining at
+    different steps, some growing to the full canvas while others start on the short one, decode what
+    they decode alone."""
+    import json
+
+    from dg_lsp.engine.masked import model_sampler_defaults
+    from tests.engine.test_speculative import SMOLLM2_DIR, cursors
+
+    recommended = model_sampler_defaults(json.loads((SMOLLM2_DIR / "config.json").read_text()))
+    extra = {"grow_from": 8, "grow_from_multiline": 16, "min_tokens": 8}
+    cfg = MaskedSamplerConfig.from_options(extra, model_defaults=recommended)
+    engine = MaskedDiffusionEngine(SMOLLM2_DIR, sampler=cfg, use_continuation_cache=False, dtype="float32")
+    engine.use_prompt_cache = False
+    requests = cursors(5)
+    alone = {}
+    for i, r in enumerate(requests):
+        alone[i] = (engine.infill(r), list(engine.last_windows))
+    assert any(32 in ws and ws[0] < 32 for _, ws in alone.values()), "no canvas grew: the test checks little"
+    joins = {
+        0: [(0, requests[0]), (1, requests[1])],
+        3: [(2, requests[2]), (3, requests[3])],
+        9: [(4, requests[4])],
+    }
+    out, _ = _drive(batcher_for(engine).decoding(), joins)
+    for i, (a, _) in alone.items():
+        assert [c.token_ids for c in a.candidates] == [c.token_ids for c in out[i].candidates], i
+        assert a.stats.forward_passes == out[i].stats.forward_passes

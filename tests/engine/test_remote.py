@@ -140,7 +140,8 @@ def test_requests_waiting_together_share_forward_passes():
             t.join(60)
         assert all(r.stats.forward_passes == 8 for r in results.values()), results
         runner = server.backend.runner
-        assert runner.requests == 6 and runner.batches < 6 and runner.batcher.forwards < 6 * 8
+        assert runner.requests == 6 and runner.batcher.forwards < 6 * 8
+        assert max(server.backend.batch_sizes) > 1
     finally:
         server.stop()
 
