@@ -5,8 +5,9 @@ client (`RemoteEngine`, the remote backend an editor would use): it types 7 more
 of the file back in (the window start and the code after the stretch stay put, as in an editor), asks
 for a completion (`POST /v1/fim/completions`, 32 tokens at most), waits for the answer, pauses for
 `--think` seconds and types on. 1, 4 and 16 typists share one replica (one CPU), with the replica's
-batching on (continuous batching: requests join the running decode at its next step and leave it
-the step they end, their canvases in the same forwards, `dg_lsp/engine/batching.py`)
+batching on (requests that queued while the model worked decode as one batch of canvases, or with
+`--continuous` join the running decode at its next step and leave it the step they end,
+`dg_lsp/engine/batching.py`)
 and off (one request after another through the engine's own single-request path). The embedded
 diffusion model and its AR twin are served the same way.
 
@@ -161,6 +162,7 @@ def main() -> int:
     parser.add_argument("--warm", type=float, default=3.0, help="seconds of load before measuring")
     parser.add_argument("--think", type=float, default=0.05, help="pause between a typist's requests (s)")
     parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--continuous", action="store_true", help="batching on = continuous batching")
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--models", default="diffusion,ar-twin")
     parser.add_argument("--out", type=Path, default=common.RESULTS / "team_serve")
@@ -183,7 +185,8 @@ def main() -> int:
             "2,000-character stretch of its file back in 7 characters per request (the window's start, "
             "1,500 characters before the stretch, and the 500 characters after it stay put, as an editor "
             "sends them); "
-            f"{args.duration:g} s measured after {args.warm:g} s of load per point."
+            f"{args.duration:g} s measured after {args.warm:g} s of load per point. Batching on: "
+            + ("continuous (`--continuous`)." if args.continuous else "static batches.")
         ),
     )
     alone = [] if args.smoke else [r for m in args.models.split(",") for r in engine_alone(m)]
@@ -197,6 +200,7 @@ def main() -> int:
                     settings=Settings(model=str(common.ROOT / MODELS[model])),
                     replicas=1,
                     batching=batching,
+                    continuous=args.continuous,
                     max_batch=args.max_batch,
                     cpus_per_replica=1,
                     port=port,

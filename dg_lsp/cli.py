@@ -165,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-replicas", type=int, help="autoscale between --replicas and this many")
     e.add_argument("--no-batching", action="store_true", help="one request per forward pass")
     e.add_argument("--max-batch", type=int, default=16, help="requests batched into one forward at most")
+    e.add_argument(
+        "--continuous-batching",
+        action="store_true",
+        help="requests join the running decode between steps instead of waiting for the next batch",
+    )
     e.add_argument("--batch-wait-ms", type=float, default=5.0, help="wait this long for a batch to fill")
     e.add_argument("--address", help="join this Ray cluster (default: start a local Ray)")
     e.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
@@ -269,6 +274,7 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         max_replicas=args.max_replicas,
         batching=not args.no_batching,
+        continuous=args.continuous_batching,
         max_batch=args.max_batch,
         batch_wait_ms=args.batch_wait_ms,
         cpus_per_replica=args.cpus_per_replica,
@@ -302,6 +308,7 @@ def _serve_engine_here(args: argparse.Namespace, settings, token: str | None) ->
         token=token,
         request_timeout_s=args.request_timeout,
         batching=not args.no_batching,
+        continuous=args.continuous_batching,
     )
     auth = "bearer token required" if token else "no token (loopback only)"
     log.info("serving %s on %s (%s, no Ray)", engine.name, server.url, auth)

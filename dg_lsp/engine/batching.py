@@ -18,10 +18,10 @@ batched the same way (left padding, one KV cache) so the two can be compared whe
 A server batches continuously (`BatchedMasked.decoding`, `BatchedAR.decoding`): requests join the running
 decode between steps and leave it the step they end. A static batch holds every answer until its slowest
 member ends (16 typists' requests to the shipped model: 7 of 16 rows ended within 6 of the batch's 12-14
-forwards), and what arrives meanwhile waits for all of it. A joining request's rows are laid out with the running
-ones (more left padding when its prompt is longer; the running rows' tokens and cached keys and values
-move with them, positions being per row) and take their first pass at the next step; `run` is the same
-decode with everyone joining at once.
+forwards), and what arrives meanwhile waits for all of it. A joining request's rows are laid out with
+the running ones (more left padding when its prompt is longer; the running rows' tokens and cached keys
+and values move with them, positions being per row) and take their first pass at the next step; `run` is
+the same decode with everyone joining at once.
 """
 
 from __future__ import annotations
@@ -656,16 +656,18 @@ class MaskedDecoding:
         """(key, request, should_cancel) each: they take their first pass at the next `step`."""
         eng = self.b.engine
         joining: dict[int, list[_Job]] = {}
-        for key, request, cancel in items:
+        keys: dict[int, object] = {}
+        for n, (key, request, cancel) in enumerate(items, start=self._next):
             request = eng.heal(request)
             length = sampler.bucket(min(request.max_tokens, eng.cfg.buckets[-1]), eng.cfg.buckets)
             grow = eng.growing(length, request.single_line)
             first = length if grow is None else grow.first
-            job = self.b._job(self._next, request, cancel, first, length)
+            job = self.b._job(n, request, cancel, first, length)
             job.grow = grow
-            self._keys[self._next] = key
-            self._next += 1
+            keys[n] = key
             joining.setdefault(first, []).append(job)
+        self._next += len(items)  # nothing is registered unless every request could be set up
+        self._keys.update(keys)
         for length, jobs in joining.items():
             self._group(length).admit(jobs)
 

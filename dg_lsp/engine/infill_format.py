@@ -96,9 +96,7 @@ def detect_format(family: str | None, variant: str | None, edits: tuple[int, int
     return "bos"
 
 
-def stop_ids(
-    tokenizer, config: dict, generation_config: dict, named: bool, exclude: set[int]
-) -> set[int]:
+def stop_ids(tokenizer, config: dict, generation_config: dict, named: bool, exclude: set[int]) -> set[int]:
     """Every token that ends the span (see the module docstring); `named` adds the families' named
     end-of-turn tokens. Never the mask, bos or edit tokens (`exclude`)."""
     out: set[int] = set()

@@ -7,9 +7,12 @@ fastest forward, per-document prompt cache and continuation cache), so batching 
 best the engine does one request at a time, not with a batch of one.
 
 `LocalBackend` is the queue in front of the model, in each Ray replica and in the server without Ray
-(`dg-lsp serve-engine --no-ray`, and the tests of the HTTP layer): one thread owns the model and batches
-continuously, as LLM servers do (llama.cpp's slots, vLLM): whatever arrived while it worked joins the
-running decode at its next step, and each request is answered the step it ends.
+(`dg-lsp serve-engine --no-ray`, and the tests of the HTTP layer): one thread owns the model. By default
+whatever queued while it worked is its next batch (static batching). With `continuous`, as GPU LLM
+servers batch (llama.cpp's slots, vLLM), whatever arrived joins the running decode at its next step and
+each request is answered the step it ends; on a 2-core CPU that measured slower for the diffusion model
+(benchmarks/results/team_serve/shipped/continuous/), because rows at different stages share canvas passes
+as wide as the widest row's window.
 """
 
 from __future__ import annotations
@@ -96,18 +99,26 @@ class LocalBackend:
     """`api.Backend` in this process: requests queue for one model thread, which decodes them together."""
 
     def __init__(
-        self, engine: InfillEngine, batching: bool = True, max_batch: int = 16, batch_wait_s: float = 0.0
+        self,
+        engine: InfillEngine,
+        batching: bool = True,
+        max_batch: int = 16,
+        batch_wait_s: float = 0.0,
+        continuous: bool = False,
     ) -> None:
         self.runner = EngineRunner(engine, batching)
+        self.continuous = continuous
+        """Continuous batching (`_work_continuously`) instead of static batches."""
         self.max_batch = min(max_batch, self.runner.max_batch)
         self.batch_wait_s = batch_wait_s if self.max_batch > 1 else 0.0
         """How long an idle model, about to start, waits for more requests while fewer than `max_batch` are
-        queued. A busy one takes whatever arrived at its next step; the wait only gathers requests that
-        arrive together at an idle model."""
+        queued. What queued while it worked is its next batch (or, continuous, joins at its next step)
+        however far apart it arrived; the wait only gathers requests that arrive together at an idle
+        model."""
         self.batch_sizes: deque[int] = deque(maxlen=256)
-        """Requests decoding together in each of the last steps (with batching off, 1 per request)."""
-        self.step_sizes: Counter[int] = Counter()
-        """How many steps ran with each number of requests decoding together, since the start."""
+        """Sizes of the last batches (continuous: requests decoding together in each of the last steps)."""
+        self.size_counts: Counter[int] = Counter()
+        """How many batches (continuous: steps) ran with each number of requests, since the start."""
         self._cv = threading.Condition()
         self._queue: list[tuple[str, InfillRequest, asyncio.Future, asyncio.AbstractEventLoop]] = []
         self._live: set[str] = set()
@@ -143,10 +154,10 @@ class LocalBackend:
             self._cv.notify()
 
     def _work(self) -> None:
-        if self.max_batch > 1 and self.runner.batcher is not None:
+        if self.continuous and self.max_batch > 1 and self.runner.batcher is not None:
             self._work_continuously()
         else:
-            self._work_one_by_one()
+            self._work_batches()
 
     def _take(self, room: int, running: bool) -> list[tuple[str, InfillRequest, asyncio.Future, Any]] | None:
         """Up to `room` queued requests, waiting for some while nothing runs; None once closed."""
@@ -160,12 +171,15 @@ class LocalBackend:
             taken, self._queue = self._queue[:room], self._queue[room:]
             return taken
 
-    def _work_one_by_one(self) -> None:
-        while (taken := self._take(1, running=False)) is not None:
-            for item in taken:
-                self.batch_sizes.append(1)
-                self.step_sizes[1] += 1
-                outcome = self.runner.run([item[1]], [self._stop_for(item[0], item[1])])[0]
+    def _work_batches(self) -> None:
+        """Static batching: what queued while the model worked is its next batch (one request at a time
+        with batching off)."""
+        while (taken := self._take(self.max_batch, running=False)) is not None:
+            self.batch_sizes.append(len(taken))
+            self.size_counts[len(taken)] += 1
+            cancels = [self._stop_for(rid, request) for rid, request, _, _ in taken]
+            outcomes = self.runner.run([request for _, request, _, _ in taken], cancels)
+            for item, outcome in zip(taken, outcomes, strict=True):
                 self._settle_one(item, outcome)
 
     def _work_continuously(self) -> None:
@@ -176,35 +190,62 @@ class LocalBackend:
         while (taken := self._take(self.max_batch - len(decoding), running=len(decoding) > 0)) is not None:
             joining = []
             for item in taken:
-                rid, request = item[0], item[1]
-                typed = self.runner.engine.continued(request)  # typing into the suggestion shown: no pass
+                try:
+                    typed = self.runner.engine.continued(item[1])  # typing into the suggestion shown: no pass
+                except Exception as exc:  # this request's failure, not the others'
+                    self._settle_one(item, exc)
+                    continue
+                self.runner.requests += 1
                 if typed is not None:
-                    self.runner.requests += 1
                     self._settle_one(item, typed)
                     continue
-                waiting[rid] = item
-                joining.append((rid, request, self._stop_for(rid, request)))
+                waiting[item[0]] = item
+                joining.append((item[0], item[1], self._stop_for(item[0], item[1])))
+            self._join(decoding, joining, waiting)
+            if not len(decoding):
+                continue
+            self.batch_sizes.append(len(decoding))
+            self.size_counts[len(decoding)] += 1
+            self.runner.batches += 1
             try:
-                if joining:
-                    self.runner.requests += len(joining)
-                    decoding.add(joining)
-                if not len(decoding):
-                    continue
-                self.batch_sizes.append(len(decoding))
-                self.step_sizes[len(decoding)] += 1
-                self.runner.batches += 1
                 ended = decoding.step()
             except Exception as exc:  # a failed step fails the requests in it, not the replica
                 log.exception("team server: a step of %d requests failed", len(decoding))
                 ended = [(rid, exc) for rid in decoding.fail()]
             for rid, outcome in ended:
-                item = waiting.pop(rid)
+                item = waiting.pop(rid, None)
+                if item is None:
+                    continue
                 if isinstance(outcome, InfillResult):
-                    self.runner.engine.shown(item[1], outcome.candidates)
+                    try:  # remembered for the next keystroke; a failure here costs only that
+                        self.runner.engine.shown(item[1], outcome.candidates)
+                    except Exception:
+                        log.exception("team server: could not keep a suggestion for its document")
                 self.runner.cancelled += isinstance(outcome, Cancelled)
                 self._settle_one(item, outcome)
         for item in waiting.values():  # closed mid-decode
             self._settle_one(item, Cancelled())
+
+    def _join(self, decoding, joining: list, waiting: dict) -> None:
+        """`joining` into the running decode, together (one prefill); if that fails, one by one, so a
+        request that cannot start fails alone."""
+        if not joining:
+            return
+        try:
+            decoding.add(joining)
+            return
+        except Exception as exc:
+            if len(joining) == 1:
+                log.exception("team server: a request could not start")
+                self._settle_one(waiting.pop(joining[0][0]), exc)
+                return
+            log.warning("team server: %d requests could not start together; one by one", len(joining))
+        for one in joining:
+            try:
+                decoding.add([one])
+            except Exception as exc:
+                log.exception("team server: a request could not start")
+                self._settle_one(waiting.pop(one[0]), exc)
 
     def _stop_for(self, rid: str, request: InfillRequest) -> Callable[[], bool]:
         return hard_stop(request, lambda: rid in self._cancelled)
@@ -238,6 +279,7 @@ class InProcessServer:
         token: str | None = None,
         request_timeout_s: float = 30.0,
         batching: bool = True,
+        continuous: bool = False,
     ) -> None:
         import socket
 
@@ -245,7 +287,7 @@ class InProcessServer:
 
         from dg_lsp.team.api import MAX_CONCURRENT, make_app
 
-        self.backend = LocalBackend(engine, batching)
+        self.backend = LocalBackend(engine, batching, continuous=continuous)
         app = make_app(lambda: self.backend, token=token, host=host, request_timeout_s=request_timeout_s)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)

@@ -44,6 +44,8 @@ class TeamConfig:
     max_replicas: int | None = None
     """Autoscaling: between `replicas` and this many, on ongoing requests per replica."""
     batching: bool = True
+    continuous: bool = False
+    """Continuous batching instead of static batches (`LocalBackend`)."""
     max_batch: int = 16
     batch_wait_ms: float = 5.0
     cpus_per_replica: float = 1.0
@@ -57,7 +59,15 @@ class TeamConfig:
 
 @serve.deployment(health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=2)
 class EngineReplica:
-    def __init__(self, settings: Settings, batching: bool, max_batch: int, batch_wait_s: float, threads: int):
+    def __init__(
+        self,
+        settings: Settings,
+        batching: bool,
+        max_batch: int,
+        batch_wait_s: float,
+        threads: int,
+        continuous: bool = False,
+    ):
         import torch
 
         from dg_lsp.engine.loader import load_engine
@@ -68,9 +78,9 @@ class EngineReplica:
         # Not `@serve.batch`: Ray 2.60 cuts a batch when its first request arrives (plus the wait) and
         # queues it behind the running one, so under load a busy replica ran batches of 1-2 requests while
         # 14 more waited (its completions at 16 typists, benchmarks/results/team_serve/shipped/). Here the
-        # requests that arrive while the model works join its running decode at the next step, as in
-        # `--no-ray` (continuous batching).
-        self.backend = LocalBackend(engine, batching, max_batch, batch_wait_s)
+        # requests that queued while the model worked are the next batch (or join its running decode:
+        # `continuous`), as in `--no-ray`.
+        self.backend = LocalBackend(engine, batching, max_batch, batch_wait_s, continuous)
         self.runner = self.backend.runner
         self.failed_in_a_row = 0
 
@@ -95,11 +105,11 @@ class EngineReplica:
         batcher = self.runner.batcher
         return {
             "replica": serve.get_replica_context().replica_id.unique_id,
-            "steps": self.runner.batches,
+            "batches": self.runner.batches,
             "requests": self.runner.requests,
             "cancelled": self.runner.cancelled,
             "forwards": getattr(batcher, "forwards", 0),
-            "step_sizes": dict(self.backend.step_sizes),
+            "batch_sizes": dict(self.backend.size_counts),
         }
 
     def check_health(self) -> None:
@@ -208,7 +218,7 @@ def build_app(cfg: TeamConfig):
     else:
         options["num_replicas"] = cfg.replicas
     engine = EngineReplica.options(**options).bind(
-        cfg.settings, cfg.batching, cfg.max_batch, cfg.batch_wait_ms / 1000, cfg.threads
+        cfg.settings, cfg.batching, cfg.max_batch, cfg.batch_wait_ms / 1000, cfg.threads, cfg.continuous
     )
     return Ingress.bind(engine)
 

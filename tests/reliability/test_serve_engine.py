@@ -159,10 +159,12 @@ def test_every_malformed_or_hostile_request_gets_a_4xx_at_once(tmp_path, tiny_mo
         assert "Traceback" not in log
 
 
-def test_one_slow_request_cannot_hold_the_model_past_its_limit(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("scheduling", [[], ["--continuous-batching"]], ids=["static", "continuous"])
+def test_one_slow_request_cannot_hold_the_model_past_its_limit(tmp_path, tiny_model_dir, scheduling):
     """100,000 steps on every block of 1,024 tokens would run for hours; the server's limit (its deadline
-    caps the steps, and a hard stop between steps backs it) ends it within about a second."""
-    with serve_engine(tiny_model_dir, tmp_path / "engine.log", "--request-timeout", "1") as port:
+    caps the steps, and a hard stop between steps backs it) ends it within about a second, with static
+    batches and with continuous batching."""
+    with serve_engine(tiny_model_dir, tmp_path / "engine.log", "--request-timeout", "1", *scheduling) as port:
         _request("POST", port, FIM, INFILL)  # warm
         slow = {**INFILL, "max_tokens": 1024, "steps": 100_000, "n": 32, "deadline_ms": 3.6e6}
         started = time.monotonic()
