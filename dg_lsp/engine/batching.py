@@ -389,10 +389,11 @@ class BatchedMasked:
         )
         return logits.masked_fill(before[..., None], 0.0)
 
-    def _freeze(self, ctx, ctx_rows: torch.Tensor, at: int, n: int, c0: int, c1: int) -> None:
-        """Columns c0..c1-1 of the last canvas pass's rows at..at+n-1 become final context (`freeze_front`):
-        copied over those rows' context, which alone they join as views."""
-        cache, a, total = self._last_canvas
+    def _freeze(self, ctx, ctx_rows, at: int, n: int, c0: int, c1: int, canvas=None) -> None:
+        """Columns c0..c1-1 of a canvas pass's rows at..at+n-1 become final context (`freeze_front`):
+        copied over those rows' context, which alone they join as views. `canvas`: that pass's (cache,
+        first column, columns); the last pass's by default."""
+        cache, a, total = canvas if canvas is not None else self._last_canvas
         for layer, (k, v) in zip(cache.layers, ctx, strict=True):
             k[ctx_rows, :, c0:c1] = layer.keys[at : at + n, :, total + c0 - a : total + c1 - a]
             v[ctx_rows, :, c0:c1] = layer.values[at : at + n, :, total + c0 - a : total + c1 - a]
@@ -447,6 +448,44 @@ class BatchedMasked:
         return InfillResult(eng.unheal(j.request, ranked), j.stats)
 
 
+SPLIT_COST = {"cpu": 22.0, "cuda": 1e9}
+"""What one more forward costs, in row-positions of canvas recomputed. On the CPU a canvas pass costs about
+a weight read plus 2.2 ms per position (50 ms for 1 position, 118 ms for 32, against a 338-token prompt,
+benchmarks/results/embedded_smollm2/tail_margin/), so a second forward pays off once it saves ~22 positions
+of padding; on a GPU a forward is bound by reading the weights and padding is nearly free: never split."""
+
+
+def _reach(j: _Job, length: int) -> tuple[int, int, int]:
+    """(front, window end, rows): the canvas positions a job's canvas pass recomputes."""
+    return (0 if j.front is None else j.front.rows, length if j.tail.end is None else j.tail.end, j.rows)
+
+
+def canvas_shares(reach: Sequence[tuple[int, int, int]], split_cost: float) -> list[list[int]]:
+    """Indices of the rows (`_reach` of each) in the canvas passes that recompute least. One pass computes
+    from its smallest front to its largest end for every row in it, so rows at different stages of their
+    decodes (continuous batching) padded each other to 40% useful positions in one pass. Sorted by front
+    and end, the rows split into consecutive runs that minimise positions recomputed plus `split_cost` per
+    pass (dynamic programming over at most a few dozen rows)."""
+    order = sorted(range(len(reach)), key=lambda i: (reach[i][0], reach[i][1]))
+    n = len(order)
+    best = [0.0] + [float("inf")] * n
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        lo, hi, rows = 1 << 30, 0, 0
+        for i in range(j, 0, -1):  # the last pass holds order[i-1:j]
+            front, end, r = reach[order[i - 1]]
+            lo, hi, rows = min(lo, front), max(hi, end), rows + r
+            cost = best[i - 1] + rows * max(0, hi - lo) + split_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i - 1
+    shares: list[list[int]] = []
+    j = n
+    while j > 0:
+        shares.append(order[cut[j] : j])
+        j = cut[j]
+    return shares[::-1]
+
+
 class _CanvasGroup:
     """Jobs decoding on canvases of one length, one forward per step for all of them. Jobs may join
     between steps (`admit`): a server then starts a request the step after it arrives instead of after
@@ -460,6 +499,8 @@ class _CanvasGroup:
         self.rules = commit_rules.build(self.eng.rule_specs())
         self.dual = self.eng.cfg.dual_cache and self.eng.supports_kv
         self.trim = self.dual and self.eng.cfg.trim_tail
+        self.split = SPLIT_COST.get(torch.device(self.eng.device).type, SPLIT_COST["cpu"])
+        """What one more canvas forward costs, in row-positions recomputed (`canvas_shares`)."""
         self.jobs: list[_Job] = []
         self.head = 0
         """Every row's canvas starts at this column."""
@@ -590,21 +631,30 @@ class _CanvasGroup:
             self._keep_context(idx, fresh)
             parts.append(lg)
             b.forwards += 1
-        if rest:
-            ends = [length if j.tail.end is None else j.tail.end for j in rest]
-            widths = torch.tensor([w for j, w in zip(rest, ends, strict=True) for _ in range(j.rows)])
+        passes: dict[int, tuple[object, int]] = {}
+        """Per job of a canvas pass: (that pass's cache and columns, the job's first row in it)."""
+        shares = [
+            [rest[i] for i in share] for share in canvas_shares([_reach(j, length) for j in rest], self.split)
+        ]
+        rest = [j for jobs in shares for j in jobs]
+        for jobs in shares:
+            ends = [length if j.tail.end is None else j.tail.end for j in jobs]
+            widths = torch.tensor([w for j, w in zip(jobs, ends, strict=True) for _ in range(j.rows)])
             fronts = torch.tensor(
-                [0 if j.front is None else j.front.rows for j in rest for _ in range(j.rows)]
+                [0 if j.front is None else j.front.rows for j in jobs for _ in range(j.rows)]
             )
-            idx = self._rows(rest)
-            # as wide as the widest window: a trimmed row's step reads its own window alone
+            idx = self._rows(jobs)
+            # as wide as the widest window in it: a trimmed row's step reads its own window alone
             parts.append(b._canvas_pass(x, attn, pos, idx, lo, head, widths, self.ctx, idx, fronts))
+            at = 0
+            for j in jobs:
+                passes[id(j)] = (b._last_canvas, at)
+                at += j.rows
             b.forwards += 1
         live = firsts + full + rest  # the order of `parts`' rows
         width = max(p.shape[1] for p in parts)  # a full pass's rows need the whole canvas
         logits = torch.cat([torch.nn.functional.pad(p, (0, 0, 0, width - p.shape[1])) for p in parts])
         n_full = len(firsts) + len(full)
-        full_rows = sum(j.rows for j in live[:n_full])
         r = 0
         for n, j in enumerate(live):
             rows = slice(j.r0, j.r0 + j.rows)
@@ -619,7 +669,8 @@ class _CanvasGroup:
                 computed = (frozen, (length if window is None else window) + shift)
                 j.front.after_pass(seen, j.masked, computed)
                 if not passed_full and j.front.rows > frozen:
-                    b._freeze(self.ctx, rows, r - full_rows, j.rows, lo + frozen, lo + j.front.rows)
+                    canvas_pass, at = passes[id(j)]
+                    b._freeze(self.ctx, rows, at, j.rows, lo + frozen, lo + j.front.rows, canvas_pass)
             if self.trim and passed_full:
                 j.tail.after_full_pass(canvas, j.masked, pred, j.stop_tensor)
                 j.refresh = False

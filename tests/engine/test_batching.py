@@ -470,10 +470,15 @@ def test_requests_joining_a_running_ar_decode_decode_what_they_decode_alone(fp32
     }
 
 
-def test_the_shipped_block_models_canvases_grow_and_freeze_in_a_running_decode(fp32):
+@pytest.mark.parametrize("split", [None, 0.0], ids=["default-split", "a-pass-per-stage"])
+def test_the_shipped_block_models_canvases_grow_and_freeze_in_a_running_decode(fp32, split, monkeypatch):
     """The embedded model with its recommended sampler and canvases that grow: requests joining at
     different steps, some growing to the full canvas while others start on the short one, decode what
-    they decode alone."""
+    they decode alone; also when every stage takes its own canvas pass (fronts frozen in any of them)."""
+    from dg_lsp.engine import batching
+
+    if split is not None:
+        monkeypatch.setitem(batching.SPLIT_COST, "cpu", split)
     import json
 
     from dg_lsp.engine.masked import model_sampler_defaults
@@ -498,3 +503,13 @@ def test_the_shipped_block_models_canvases_grow_and_freeze_in_a_running_decode(f
     for i, (a, _) in alone.items():
         assert [c.token_ids for c in a.candidates] == [c.token_ids for c in out[i].candidates], i
         assert a.stats.forward_passes == out[i].stats.forward_passes
+
+
+def test_canvas_passes_split_only_where_padding_costs_more_than_a_pass():
+    from dg_lsp.engine.batching import canvas_shares
+
+    young, old = (0, 32, 1), (10, 14, 1)  # a row just joined, and rows near their ends
+    assert canvas_shares([young] * 3 + [old] * 10, 22.0) == [[0, 1, 2], list(range(3, 13))]
+    assert canvas_shares([young] * 3 + [old] * 10, 1e9) == [list(range(13))]  # a GPU: never
+    assert canvas_shares([(0, 12, 1), (1, 13, 2), (0, 12, 1)], 22.0) == [[0, 2, 1]]  # alike: one pass
+    assert canvas_shares([], 22.0) == []
