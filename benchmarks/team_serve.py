@@ -162,7 +162,10 @@ def main() -> int:
     parser.add_argument("--warm", type=float, default=3.0, help="seconds of load before measuring")
     parser.add_argument("--think", type=float, default=0.05, help="pause between a typist's requests (s)")
     parser.add_argument("--max-batch", type=int, default=16)
-    parser.add_argument("--continuous", action="store_true", help="batching on = continuous batching")
+    parser.add_argument(
+        "--continuous", action="store_true", help="also measure continuous batching (rows 'continuous')"
+    )
+    parser.add_argument("--skip-alone", action="store_true", help="leave out the engine-alone table")
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--models", default="diffusion,ar-twin")
     parser.add_argument("--out", type=Path, default=common.RESULTS / "team_serve")
@@ -185,22 +188,25 @@ def main() -> int:
             "2,000-character stretch of its file back in 7 characters per request (the window's start, "
             "1,500 characters before the stretch, and the 500 characters after it stay put, as an editor "
             "sends them); "
-            f"{args.duration:g} s measured after {args.warm:g} s of load per point. Batching on: "
-            + ("continuous (`--continuous`)." if args.continuous else "static batches.")
+            f"{args.duration:g} s measured after {args.warm:g} s of load per point. Batching on: static "
+            "batches (what queued while the replica worked is its next batch)"
+            + ("; continuous: requests join the running decode between steps." if args.continuous else ".")
         ),
     )
-    alone = [] if args.smoke else [r for m in args.models.split(",") for r in engine_alone(m)]
+    skip = args.smoke or args.skip_alone
+    alone = [] if skip else [r for m in args.models.split(",") for r in engine_alone(m)]
+    modes = ["on", "continuous", "off"] if args.continuous else ["on", "off"]
     rows: list[dict] = []
     port = _free_port()
     started = False
     try:
         for model in args.models.split(","):
-            for batching in (True, False):
+            for mode in modes:
                 cfg = ray_serve.TeamConfig(
                     settings=Settings(model=str(common.ROOT / MODELS[model])),
                     replicas=1,
-                    batching=batching,
-                    continuous=args.continuous,
+                    batching=mode != "off",
+                    continuous=mode == "continuous",
                     max_batch=args.max_batch,
                     cpus_per_replica=1,
                     port=port,
@@ -218,7 +224,7 @@ def main() -> int:
                 RemoteEngine(url).infill(InfillRequest("def f(x):\n    return ", "\n", max_tokens=8))
                 for n in counts:
                     point = measure(url, n, args.duration, args.warm, args.think)
-                    point.update(model=model, batching="on" if batching else "off")
+                    point.update(model=model, batching=mode)
                     print(json.dumps(point), flush=True)
                     rows.append(point)
     finally:
@@ -304,8 +310,10 @@ def write_report(
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for model in dict.fromkeys(r["model"] for r in rows):
-        for batching, style in (("on", "-o"), ("off", "--s")):
+        for batching, style in (("on", "-o"), ("continuous", "-^"), ("off", "--s")):
             pts = [r for r in rows if r["model"] == model and r["batching"] == batching]
+            if not pts:
+                continue
             label = f"{model}, batching {batching}"
             left.plot([p["typists"] for p in pts], [p["tokens_per_s"] for p in pts], style, label=label)
             right.plot([p["typists"] for p in pts], [p["p95_ms"] for p in pts], style, label=label)

@@ -389,11 +389,11 @@ class BatchedMasked:
         )
         return logits.masked_fill(before[..., None], 0.0)
 
-    def _freeze(self, ctx, ctx_rows, at: int, n: int, c0: int, c1: int, canvas=None) -> None:
+    def _freeze(self, ctx, ctx_rows, at: int, n: int, c0: int, c1: int, canvas) -> None:
         """Columns c0..c1-1 of a canvas pass's rows at..at+n-1 become final context (`freeze_front`):
         copied over those rows' context, which alone they join as views. `canvas`: that pass's (cache,
-        first column, columns); the last pass's by default."""
-        cache, a, total = canvas if canvas is not None else self._last_canvas
+        first column, columns)."""
+        cache, a, total = canvas
         for layer, (k, v) in zip(cache.layers, ctx, strict=True):
             k[ctx_rows, :, c0:c1] = layer.keys[at : at + n, :, total + c0 - a : total + c1 - a]
             v[ctx_rows, :, c0:c1] = layer.values[at : at + n, :, total + c0 - a : total + c1 - a]
@@ -604,9 +604,10 @@ class _CanvasGroup:
         # (from its document's cached keys and values where it can), a job whose span outgrew its window
         # takes a full pass (a second forward this step), as it would alone, and the others recompute their
         # windows against their cached context
-        firsts = [j for j in live if j.first or not self.dual]
-        full = [j for j in live if j.refresh and not (j.first or not self.dual)]
-        rest = [j for j in live if not (j.first or not self.dual) and not j.refresh]
+        reads_prompt = [j.first or not self.dual for j in live]
+        firsts = [j for j, p in zip(live, reads_prompt, strict=True) if p]
+        full = [j for j, p in zip(live, reads_prompt, strict=True) if not p and j.refresh]
+        rest = [j for j, p in zip(live, reads_prompt, strict=True) if not p and not j.refresh]
         parts = []
         if firsts:
             # per group of rows that reuse about as much of their documents' prompts
@@ -631,8 +632,7 @@ class _CanvasGroup:
             self._keep_context(idx, fresh)
             parts.append(lg)
             b.forwards += 1
-        passes: dict[int, tuple[object, int]] = {}
-        """Per job of a canvas pass: (that pass's cache and columns, the job's first row in it)."""
+        passes: dict[int, tuple[object, int]] = {}  # per job: its canvas pass, and its first row in it
         shares = [
             [rest[i] for i in share] for share in canvas_shares([_reach(j, length) for j in rest], self.split)
         ]
