@@ -15,7 +15,7 @@ from dg_lsp.context.spans import TODO_RE, SpanKind, classify
 from dg_lsp.context.windows import build_windows, estimate_tokens
 from dg_lsp.engine.types import InfillRequest
 
-_OPENS_BLOCK = re.compile(r"(:|\{|\(|\[|\bthen|\bdo|\belse|\bfunction\b.*\))\s*$")
+OPENS_BLOCK = re.compile(r"(:|\{|\(|\[|\bthen|\bdo|\belse|\bfunction\b.*\))\s*$")
 SELECTION_MAX_TOKENS = 512
 LINE_START_KINDS = frozenset({"line_above", "empty_line", "function_body"})
 
@@ -129,7 +129,7 @@ def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
     # in an empty function body); otherwise the column the user chose is the intent
     prev = _prev_code_line(text, line_start)
     prev_indent = _leading_ws(prev)
-    if _OPENS_BLOCK.search(prev):
+    if OPENS_BLOCK.search(prev):
         return prev_indent + unit
     return prev_indent if span.name == "function_body" else ""
 

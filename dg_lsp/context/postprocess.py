@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from dg_lsp.context.brackets import CLOSE_FOR, CLOSERS, OPENERS, PAIR, bracket_events, unmatched_openers
-from dg_lsp.context.builder import InfillContext
+from dg_lsp.context.builder import OPENS_BLOCK, InfillContext
 from dg_lsp.context.languages import INDENT_BLOCKS
 from dg_lsp.context.spans import kind
 
@@ -77,7 +77,7 @@ def reindent(text: str, ctx: InfillContext) -> str:
             delta = target  # the model indented relative to the cursor, not to the file
     elif not ctx.line_prefix:
         anchor = _ws_width(_lead(lines[0])) if lines[0].strip() else min(rest, default=target)
-        delta = max(target - anchor, 0)
+        delta = 0 if _own_column(lines, anchor, target, ctx) else max(target - anchor, 0)
         if lines[0].strip():
             lines[0] = _render(anchor + delta, ctx.indent_unit) + lines[0].lstrip(" \t")
     elif rest:
@@ -93,8 +93,34 @@ def reindent(text: str, ctx: InfillContext) -> str:
     return "\n".join(lines)
 
 
-def _cut_at_dedent(text: str, ctx: InfillContext) -> str:
+def _dedent_floor(text: str, ctx: InfillContext) -> int:
+    """Lines indented less than this leave the block the candidate belongs to: the cursor's block.
+
+    Lines going in above a code line from column 0 may close a block that the code line sits in (an
+    `else:` above the else branch's body, after the if branch's header or body), so there the floor is
+    the least of the code line's, the previous code line's and the candidate's first line's indentation."""
     target = _ws_width(ctx.indent)
+    if ctx.span.name != "line_above" or ctx.line_prefix:
+        return target
+    prev = next((ln for ln in reversed(ctx.prefix.split("\n")) if ln.strip()), "")
+    first = next((ln for ln in text.split("\n") if ln.strip()), "")
+    return min(target, _ws_width(_lead(prev)), _ws_width(_lead(first)))
+
+
+def _own_column(lines: list[str], anchor: int, target: int, ctx: InfillContext) -> bool:
+    """Whether lines going in above a code line from column 0 keep the columns the model wrote.
+
+    There any column can be right: the header of the code line's block sits to its left, the end of a
+    deeper block to its right. Only a candidate at column 0 that is not that header ignored indentation.
+    """
+    if ctx.span.name != "line_above":
+        return False
+    last = next((ln for ln in reversed(lines) if ln.strip()), "")
+    return anchor > 0 or (bool(OPENS_BLOCK.search(last)) and _ws_width(_lead(last)) < target)
+
+
+def _cut_at_dedent(text: str, ctx: InfillContext, floor: int | None = None) -> str:
+    target = _ws_width(ctx.indent) if floor is None else floor
     lines = text.split("\n")
     for i in range(1, len(lines)):
         line = lines[i]
@@ -203,6 +229,13 @@ def balance(text: str, ctx: InfillContext) -> str:
             text = text[:i].rstrip()
             break
     stack = list(unmatched_openers(text, ctx.language))
+    if not ctx.prefix_cut:
+        # closers in the suffix that nothing in the prefix opened close the candidate's innermost openers
+        # first (the user removed a line that opens a block and the block's end is still there)
+        for closer in ctx.suffix_closers[: max(len(ctx.suffix_closers) - len(ctx.open_brackets), 0)]:
+            if not stack or stack[-1] != PAIR[closer]:
+                break
+            stack.pop()
     if not stack:
         return text
     closing = [CLOSE_FOR[c] for c in reversed(stack)]
@@ -248,7 +281,7 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     if not span.single_line and not span.prose:
         text = reindent(text, ctx)
         if span.stop in ("dedent", "blank_line"):
-            text = _cut_at_dedent(text, ctx)
+            text = _cut_at_dedent(text, ctx, _dedent_floor(text, ctx))
     text = _cut_repeats(text, ctx)
     if not span.prose:
         text = _cut_stutter(text)

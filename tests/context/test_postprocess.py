@@ -86,6 +86,24 @@ CASES = [
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\n    return..", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    y += 2\nz = 3\n", "    y += 2\n"),
     ("python", "def f(x):\n    y = 1\n<|>    return y\n", "    return y\n", None),
+    # ... from column 0 the model's own columns stand: a header left of its body, an `else:`, a block's end
+    (
+        "python",
+        "def f(xs):\n    t = 0\n<|>        t += x\n    return t\n",
+        "    for x in xs:\n",
+        "    for x in xs:\n",
+    ),
+    ("python", "def f(x):\n    if x:\n        y = 1\n<|>        y = 2\n", "    else:\n", "    else:\n"),
+    (
+        "python",
+        "def f(s, k):\n    if k > len(s):\n<|>        return s[k:]\n",
+        "        return s[::-1]\n    else:\n",
+        "        return s[::-1]\n    else:\n",
+    ),
+    ("python", "import os\n\n<|>    return os.sep\n", "def sep():\n", "def sep():\n"),
+    ("lua", "local M = {}\n<|>  return x\nend\n", "function M.id(x)\n", "function M.id(x)\n"),
+    # ... and a `{` the block's own `}` below already closes stays open
+    ("javascript", "function f(x) {\n<|>    go();\n  }\n}\n", "  if (x) {\n", "  if (x) {\n"),
     ("javascript", "function f(a) {\n  <|>return b;\n}\n", "const b = a * 2;\n", "const b = a * 2;\n  "),
     ("python", "def f(x):\n    <|>x.append(1)\n", "self.", "self."),  # no line ended: the line's start
     # --- repeated or empty output
