@@ -17,6 +17,11 @@ suffix; `--through editor` sends the same cursor through `dg_lsp.pipeline` (tree
 kind, post-processing, syntax check), i.e. what an editor is shown, blank when every candidate was
 rejected.
 
+`--model NAME=reference` scores a perfect model: it writes each task's reference middle, as much of it as a
+request lets a model write (its token cap in the tasks tokenizer's tokens, the first line on a single-line
+span). Through the editor it measures what the pipeline leaves of right answers: the ceiling over every
+other column of the same run.
+
     python benchmarks/model_quality.py --single-every 5 --multi-every 40
     python benchmarks/model_quality.py --model masked=runs/masked-cpu/best --model dg=OLD_DIR ...
 """
@@ -277,9 +282,40 @@ def context_identifiers(completion: str, prefix: str, suffix: str) -> tuple[int,
     return sum(w in known for w in words), len(words)
 
 
+REFERENCE = "reference"
+
+
+class ReferenceEngine:
+    """A perfect model for `--model NAME=reference`: writes the current task's reference middle."""
+
+    name = REFERENCE
+
+    def __init__(self, tokenizer_dir: str):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.middle = ""
+
+    def infill(self, request, should_cancel=None):
+        from dg_lsp.engine.types import Candidate, InfillResult, InfillStats
+
+        text = self.middle.split("\n", 1)[0] if request.single_line else self.middle
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: request.max_tokens]
+        text = self.tokenizer.decode(ids)
+        return InfillResult([Candidate(text)], InfillStats(generated_tokens=len(ids)))
+
+    def warmup(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": REFERENCE, "parameters": "-"}
+
+
 def backend_of(model_dir: str) -> str:
     from dg_lsp.engine.loader import detect_backend
 
+    if model_dir == REFERENCE:
+        return REFERENCE
     return detect_backend(json.loads((Path(model_dir) / "config.json").read_text()))
 
 
@@ -292,10 +328,13 @@ def _load_engine(
     dtype: str = "auto",
     threads: int = 1,
     quantization: str = "auto",
+    tokenizer_dir: str = "",
 ):
     import torch
 
     torch.set_num_threads(threads)
+    if kind == REFERENCE:
+        return ReferenceEngine(tokenizer_dir)
     if kind == "masked":
         from dg_lsp.engine.masked import MaskedDiffusionEngine, MaskedSamplerConfig, model_sampler_defaults
 
@@ -378,13 +417,17 @@ def evaluate_model(kind: str, model_dir: str, tasks: list[Task], args: dict) -> 
         args.get("dtype", "auto"),
         args.get("threads", 1),
         args.get("quantization", "auto"),
+        args.get("tasks_tokenizer", ""),
     )
-    engine.token_healing = engine.token_healing and args.get("heal", True)
+    if kind != REFERENCE:
+        engine.token_healing = engine.token_healing and args.get("heal", True)
     info = engine.describe()
     outcomes = []
     for task in tasks:
         language = task_language(task)
         t0 = time.perf_counter()
+        if kind == REFERENCE:
+            engine.middle = task.middle
         if args.get("through") == "editor":
             text, forward_passes, generated = _through_editor(engine, task, language, args)
         else:
@@ -647,9 +690,13 @@ def main(argv: list[str] | None = None) -> int:
         f"AR twin={ROOT / 'dg_lsp/models/ar_twin'}",
     ]
     models = dict(spec.rsplit("=", 1) for spec in specs)
+    tokenized_by = args.tasks_tokenizer or next((Path(d) for d in models.values() if d != REFERENCE), None)
+    if tokenized_by is None:
+        ap.error("--model NAME=reference needs --tasks-tokenizer or a real model next to it")
+    args.tasks_tokenizer = tokenized_by
     tasks: list[Task] = []
     if args.spans > 0 and (args.corpus / "valid.jsonl").exists():
-        drawn_by = args.tasks_tokenizer or Path(next(iter(models.values())))
+        drawn_by = tokenized_by
         tasks += held_out_tasks(args.corpus, drawn_by, args.spans, args.prompt_tokens, 32)
     elif args.spans > 0:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
@@ -672,6 +719,7 @@ def main(argv: list[str] | None = None) -> int:
         "quantization": args.quantization,
         "threads": args.threads,
         "heal": not args.no_heal,
+        "tasks_tokenizer": str(tokenized_by),
         "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }
     per_model = {name: {**opts, "masked": dict(opts["masked"])} for name in models}

@@ -86,6 +86,23 @@ def test_model_quality_scores_what_the_editor_shows(tmp_path):
     assert (tmp_path / "model_quality.png").stat().st_size > 1000
 
 
+@pytest.mark.timeout(300)
+@needs_humaneval
+def test_a_perfect_model_passes_every_single_line_task_through_the_editor(tmp_path):
+    """`--model NAME=reference` feeds each task's own answer through `dg_lsp.pipeline`: at HumanEval's
+    cursors (column 0 of the line after the removed one) every single-line answer must come out as it went
+    in and pass its tests. Before the fix to line_above's re-indentation, 8 of these 18 did not."""
+    args = ["--spans", "0", "--single-every", "60", "--multi-every", "0", "--light-every", "0",
+            "--through", "editor", "--workers", "1", "--max-tokens", "48", "--model", "perfect=reference",
+            "--tasks-tokenizer", "dg_lsp/models/embedded_smollm2", "--out", str(tmp_path)]  # fmt: skip
+    run_script("model_quality", args, timeout=280)
+    (scored,) = json.loads((tmp_path / "model_quality.json").read_text()).values()
+    outcomes = scored["outcomes"]
+    assert len(outcomes) == 18
+    assert [o["task_id"] for o in outcomes if not o["passed"]] == []
+    assert all(o["line_exact"] for o in outcomes)
+
+
 @pytest.mark.timeout(600)
 @needs_humaneval
 def test_sampler_sweep_compares_settings_on_the_same_tasks(tmp_path):
