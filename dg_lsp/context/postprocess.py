@@ -215,8 +215,9 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
 
 def balance(text: str, ctx: InfillContext) -> str:
     """Cut where the candidate closes more than it may, then close what it opened itself."""
+    # the suffix closes the brackets it closes last, so the candidate may close only the innermost others
     keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
-    closable = ctx.open_brackets[:keep] if keep > 0 else ""
+    closable = ctx.open_brackets[len(ctx.open_brackets) - keep :] if keep > 0 else ""
     stack: list[str] = []
     for i, ch in bracket_events(text, ctx.language):
         if ch in OPENERS:

@@ -28,6 +28,10 @@ CASES = [
     # --- bracket balance
     ("python", "def f(x):\n    return (x +<|>\n", " 1))))", " 1)"),
     ("python", "x = foo(<|>\n", "bar(1, 2", "bar(1, 2)"),
+    # ... the suffix closes the outer brackets, so the candidate may close the inner ones
+    ("python", "pairs = [(1, 2), (3, <|>]\n", "4)", "4)"),
+    ("javascript", "const o = { a: f(<|> };\n", "x)", "x)"),
+    ("python", "def f(t: IO[byt<|>\n) -> None:\n", "es],", "es],"),
     ("javascript", "function f(a) {\n  <|>\n}\n", "if (a) {\n    b();", "if (a) {\n    b();\n  }"),
     ("javascript", "function f(a) {\n  <|>\n}\n", "const c = 1;\nif (a) {\n    b();", "const c = 1;"),
     (
