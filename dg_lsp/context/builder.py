@@ -8,10 +8,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from dg_lsp.context.brackets import leading_closers, unmatched_openers
+from dg_lsp.context.brackets import CLOSERS, OPENERS, PAIR, leading_closers, unmatched_openers
 from dg_lsp.context.documents import DocumentSnapshot, parse_snapshot
 from dg_lsp.context.languages import SUPPORTED, language_for
-from dg_lsp.context.spans import TODO_RE, SpanKind, classify
+from dg_lsp.context.spans import TODO_RE, SpanKind, ancestors, classify
 from dg_lsp.context.windows import build_windows, estimate_tokens
 from dg_lsp.engine.types import InfillRequest
 
@@ -111,6 +111,34 @@ def _prev_code_line(text: str, line_start: int) -> str:
     return ""
 
 
+def open_brackets_at(snapshot: DocumentSnapshot, offset: int) -> str:
+    """Brackets open at `offset`, outermost first.
+
+    A cut prefix window starts inside whatever encloses it (a test file's `describe(..., () => {`, a long
+    dict literal), and a candidate may close only the brackets the suffix leaves open, so counting from the
+    window's start alone lets a candidate close too few. Up to the window, the syntax tree says which
+    brackets are open: the nodes around it whose opening bracket lies before it and closing one after.
+    """
+    tree = snapshot.tree
+    if tree is None or offset <= 0:
+        return unmatched_openers(snapshot.text[:offset], snapshot.language) if tree is None else ""
+    b = snapshot.to_byte(offset)
+    out: list[str] = []
+    for node in reversed(ancestors(tree.root_node.descendant_for_byte_range(b, b))):
+        if node.start_byte >= b:
+            continue
+        stack: list[str] = []
+        for child in node.children:
+            if child.start_byte >= b:
+                break
+            if child.type in OPENERS and len(child.type) == 1:
+                stack.append(child.type)
+            elif child.type in CLOSERS and len(child.type) == 1 and stack and stack[-1] == PAIR[child.type]:
+                stack.pop()
+        out += stack
+    return "".join(out)
+
+
 def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
@@ -200,7 +228,8 @@ def build_context(
         suffix_end=win.suffix_end,
         prefix_cut=win.prefix_start > 0,
         suffix_cut=win.suffix_end < len(text),
-        open_brackets=unmatched_openers(prefix, snap.language),
+        open_brackets=open_brackets_at(snap, win.prefix_start)
+        + unmatched_openers(text[win.prefix_start : offset], snap.language),
         suffix_closers=leading_closers(win.suffix, snap.language),
         replaced=replaced,
         version=snap.version,

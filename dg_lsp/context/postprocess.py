@@ -230,13 +230,12 @@ def balance(text: str, ctx: InfillContext) -> str:
             text = text[:i].rstrip()
             break
     stack = list(unmatched_openers(text, ctx.language))
-    if not ctx.prefix_cut:
-        # closers in the suffix that nothing in the prefix opened close the candidate's innermost openers
-        # first (the user removed a line that opens a block and the block's end is still there)
-        for closer in ctx.suffix_closers[: max(len(ctx.suffix_closers) - len(ctx.open_brackets), 0)]:
-            if not stack or stack[-1] != PAIR[closer]:
-                break
-            stack.pop()
+    # closers in the suffix that nothing in the prefix opened close the candidate's innermost openers
+    # first (the user removed a line that opens a block and the block's end is still there)
+    for closer in ctx.suffix_closers[: max(len(ctx.suffix_closers) - len(ctx.open_brackets), 0)]:
+        if not stack or stack[-1] != PAIR[closer]:
+            break
+        stack.pop()
     if not stack:
         return text
     closing = [CLOSE_FOR[c] for c in reversed(stack)]

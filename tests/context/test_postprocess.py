@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dg_lsp.context import postprocess
+from dg_lsp.context.ranking import rank_candidates
 
 CASES = [
     # --- text that duplicates the suffix right after the cursor
@@ -153,3 +154,34 @@ def test_todo_placeholder_keeps_the_note_in_the_prompt(ctx_at):
     assert fill.span.name == "placeholder"
     assert fill.prefix.endswith("    # TODO: circle area\n    ")
     assert postprocess("return 3.14159 * r * r", fill) == "return 3.14159 * r * r"
+
+
+def _long_js_test_file(last: str) -> str:
+    case = (
+        "  it('case {0}', () => {{\n    const x{0} = f({0}, [1, 2]);\n    expect(x{0}).toBe({0});\n  }});\n\n"
+    )
+    cases = "".join(case.format(i) for i in range(120))
+    return "describe('math', () => {\n" + cases + last + "});\n"
+
+
+def test_a_cut_prefix_window_still_counts_the_brackets_open_above_it(ctx_at):
+    """Deep in a long test file the window starts inside `describe(..., () => {`: the `)` that ends the
+    line being typed is the candidate's to write, and the removed `it(...) {` line's `{` and `(` are the
+    suffix's to close. Counted from the window's start alone, the first was cut and the second closed."""
+    src = _long_js_test_file("  it('last', () => {\n    expect(total(items)).toBe(<|>\n  });\n")
+    ctx, _ = ctx_at(src, "javascript")
+    assert ctx.prefix_cut and ctx.open_brackets == "({({("
+    assert postprocess("42);", ctx) == "42);"
+
+    line = "  it('last', () => {\n"
+    src = _long_js_test_file("<|>    expect(total(items)).toBe(3);\n  });\n")
+    ctx, snap = ctx_at(src, "javascript")
+    assert ctx.prefix_cut and ctx.span.name == "line_above"
+    assert rank_candidates([(line, 0.0)], ctx, snap) == [line]
+
+
+def test_a_cut_prefix_window_inside_a_long_literal(ctx_at):
+    entries = "".join(f"    'key{i}': [{i}, {i + 1}, dict(a={i})],\n" for i in range(400))
+    ctx, _ = ctx_at("CONFIG = {\n" + entries + "    'last': [f(<|>\n}\n", "python")
+    assert ctx.prefix_cut and ctx.open_brackets == "{[("
+    assert postprocess("1), 2],", ctx) == "1), 2],"
