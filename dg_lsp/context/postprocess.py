@@ -213,8 +213,12 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     return text
 
 
-def balance(text: str, ctx: InfillContext) -> str:
-    """Cut where the candidate closes more than it may, then close what it opened itself."""
+def balance(text: str, ctx: InfillContext, inside: str = "") -> str:
+    """Cut where the candidate closes more than it may, then close what it opened itself. `inside`: the
+    quote of a string the candidate starts in."""
+    if inside:
+        done = balance(inside + text, ctx)
+        return done[len(inside) :] if done.startswith(inside) else text
     # the suffix closes the brackets it closes last, so the candidate may close only the innermost others
     keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
     closable = ctx.open_brackets[len(ctx.open_brackets) - keep :] if keep > 0 else ""
@@ -287,7 +291,8 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
         text = _cut_stutter(text)
     text = remove_suffix_overlap(text, ctx)
     if not span.prose:
-        text = balance(text, ctx)
+        # a string the user is typing (`stop = line`) ends in the candidate: scan it from inside that string
+        text = balance(text, ctx, inside=span.quote if span.stop == "line" else "")
     text = "\n".join(line.rstrip() for line in text.split("\n")).rstrip()
     if not text.strip():
         return None

@@ -9,7 +9,7 @@
 | `function_body` | empty function body, after signature/docstring | 128 | no | dedent | yes |
 | `argument_list` | inside call arguments or a parameter list | 24 | if inline | bracket | yes |
 | `brackets` | inside a list/dict/array/table literal | 48 | if inline | bracket | yes |
-| `string` | inside a string literal (prose) | 16 (48) | unless multi | quote | yes |
+| `string` | inside a string literal (prose; typed, not closed: code) | 16 (48) | unless multi | quote | yes |
 | `docstring` | inside a docstring (prose) | 64 | no | quote | yes |
 | `comment` | inside a comment (prose) | 24 | yes | line | no |
 | `placeholder` | replacing `...`/`pass`/TODO/`/* fill */`/`todo!()` | 128 | no | dedent | yes |
@@ -21,6 +21,8 @@
 Stop rules (applied by `postprocess`): `line` cuts at the first newline; `blank_line` cuts at the first
 blank line; `dedent` cuts at the first line indented less than the cursor's block; `bracket` cuts where
 the candidate closes a bracket the suffix already closes; `quote` cuts at the string's closing quote.
+A single-line string the user is typing, its closing quote not on the line yet, is the rest of a line: stop
+`line`, 32 tokens, post-processed as code (the candidate closes the string and finishes the line).
 """
 
 from __future__ import annotations
@@ -392,8 +394,14 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
             prev = text[:line_start].rstrip()
             docstring = snapshot.language == "python" and (prev.endswith(":") or not prev)
             return kind("docstring" if docstring else "string", quote=quote, single_line=False, max_tokens=48)
-        if quote:
+        if quote and quote in after:
             return kind("string", quote=quote)
+        if quote:
+            # a string the user is typing, its closing quote not on the line yet: the rest of the line is
+            # theirs to write, so the candidate may close the string and finish the line as code
+            return kind(
+                "string", quote=quote, stop="line", prose=False, max_tokens=SPAN_KINDS["line_rest"].max_tokens
+            )
     if container is None and untrusted:
         container = _container_from_text(text, offset, snapshot.language)
     if container is not None:

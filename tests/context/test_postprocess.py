@@ -26,6 +26,11 @@ CASES = [
     # --- string spans stop at the closing quote
     ("python", "msg = 'hello <|>'\n", "world' + name", "world"),
     ("go", 'package main\n\nvar s = "abc<|>"\n', 'def"\nvar t = 1', "def"),
+    # ... but a string the user is typing, not closed on its line yet, is finished with the rest of the line
+    ("python", 'names = {"fi<|>\n', 'lename": 1}', 'lename": 1}'),
+    ("javascript", "import { f } from './ut<|>\n", "ils';", "ils';"),
+    ("python", 'print("a (b<|>\n', 'c) d")', 'c) d")'),  # brackets inside the string are text
+    ("python", 'print("a (b<|>\n', 'c) d") + x', 'c) d") + x'),
     # --- bracket balance
     ("python", "def f(x):\n    return (x +<|>\n", " 1))))", " 1)"),
     ("python", "x = foo(<|>\n", "bar(1, 2", "bar(1, 2)"),

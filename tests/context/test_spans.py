@@ -114,6 +114,17 @@ def test_string_kind_carries_its_closing_quote(ctx_at):
     assert ctx_at("const s = `a <|>`;\n", "javascript")[0].span.quote == "`"
 
 
+def test_a_string_being_typed_is_the_rest_of_a_line(ctx_at):
+    """Not closed on its line yet: the candidate may close it and finish the line, as code. Closed (or
+    auto-closed by the editor): the candidate completes the string and stops at its quote."""
+    typed = ctx_at('names = {"fi<|>\n', "python")[0].span
+    closed = ctx_at('names = {"fi<|>"}\n', "python")[0].span
+    assert (typed.name, typed.stop, typed.prose, typed.quote) == ("string", "line", False, '"')
+    assert typed.max_tokens == SPAN_KINDS["line_rest"].max_tokens
+    assert (closed.name, closed.stop, closed.prose) == ("string", "quote", True)
+    assert closed.max_tokens == SPAN_KINDS["string"].max_tokens
+
+
 def test_kind_caps_the_canvas_length(ctx_at):
     line = ctx_at("x = compute<|>\n", "python", max_tokens=100)[0]
     body = ctx_at("def f(x):\n    <|>\n", "python", max_tokens=100)[0]
