@@ -120,8 +120,10 @@ def open_brackets_at(snapshot: DocumentSnapshot, offset: int) -> str:
     brackets are open: the nodes around it whose opening bracket lies before it and closing one after.
     """
     tree = snapshot.tree
-    if tree is None or offset <= 0:
-        return unmatched_openers(snapshot.text[:offset], snapshot.language) if tree is None else ""
+    if offset <= 0:
+        return ""
+    if tree is None:
+        return unmatched_openers(snapshot.text[:offset], snapshot.language)
     b = snapshot.to_byte(offset)
     out: list[str] = []
     for node in reversed(ancestors(tree.root_node.descendant_for_byte_range(b, b))):
