@@ -95,9 +95,10 @@ def _skip_string(text: str, i: int, language: str | None) -> int:
     return len(text)
 
 
-def unmatched_openers(text: str, language: str | None) -> str:
-    """Openers still open at the end of `text`, outermost first (mismatched closers are ignored)."""
-    stack: list[str] = []
+def unmatched_openers(text: str, language: str | None, opened: str = "") -> str:
+    """Openers still open at the end of `text`, outermost first (mismatched closers are ignored).
+    `opened`: the openers already open where `text` starts, which its closers may close."""
+    stack: list[str] = list(opened)
     for _, ch in bracket_events(text, language):
         if ch in OPENERS:
             stack.append(ch)

@@ -230,8 +230,9 @@ def build_context(
         suffix_end=win.suffix_end,
         prefix_cut=win.prefix_start > 0,
         suffix_cut=win.suffix_end < len(text),
-        open_brackets=open_brackets_at(snap, win.prefix_start)
-        + unmatched_openers(text[win.prefix_start : offset], snap.language),
+        open_brackets=unmatched_openers(
+            text[win.prefix_start : offset], snap.language, opened=open_brackets_at(snap, win.prefix_start)
+        ),
         suffix_closers=leading_closers(win.suffix, snap.language),
         replaced=replaced,
         version=snap.version,

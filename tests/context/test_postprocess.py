@@ -185,6 +185,13 @@ def test_a_cut_prefix_window_still_counts_the_brackets_open_above_it(ctx_at):
     assert rank_candidates([(line, 0.0)], ctx, snap) == [line]
 
 
+def test_a_cut_prefix_window_that_closes_what_was_open_above_it(ctx_at):
+    src = _long_js_test_file("") + "\nrun(<|>\n"
+    ctx, _ = ctx_at(src, "javascript")
+    assert ctx.prefix_cut and ctx.open_brackets == "("
+    assert postprocess("1);", ctx) == "1);"
+
+
 def test_a_cut_prefix_window_inside_a_long_literal(ctx_at):
     entries = "".join(f"    'key{i}': [{i}, {i + 1}, dict(a={i})],\n" for i in range(400))
     ctx, _ = ctx_at("CONFIG = {\n" + entries + "    'last': [f(<|>\n}\n", "python")
