@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from dg_lsp.context.brackets import CLOSERS, OPENERS, PAIR, leading_closers, unmatched_openers
@@ -87,13 +89,26 @@ def _leading_ws(line: str) -> str:
 _INDENTS = re.compile(r"^([ \t]+)\S", re.MULTILINE)
 
 
+_LINE_INDENT = re.compile(r"^([ \t]*)\S", re.MULTILINE)
+
+
 def indent_unit(text: str, offset: int, language: str | None, window: int = 6000) -> str:
-    """The document's indentation step, read from the text just before (else after) the cursor."""
+    """The document's indentation step, read from the text just before (else after) the cursor.
+
+    The commonest step from one line into a deeper one, as editors detect it: a common divisor of every
+    indentation is thrown off by one odd line (C++'s one-space ` public:`, a continuation line aligned
+    under an opening bracket)."""
     indents = _INDENTS.findall(text, max(offset - window, 0), offset)
+    region = (max(offset - window, 0), offset)
     if not indents:
         indents = _INDENTS.findall(text, offset, offset + window)
+        region = (offset, offset + window)
     if any(ws.startswith("\t") for ws in indents):
         return "\t"
+    widths = [len(ws) for ws in _LINE_INDENT.findall(text, *region)]
+    steps = Counter(b - a for a, b in itertools.pairwise(widths) if 2 <= b - a <= 8)
+    if steps:
+        return " " * max(sorted(steps), key=steps.__getitem__)
     step = functools.reduce(math.gcd, {len(ws) for ws in indents}, 0)
     if 2 <= step <= 8:
         return " " * step

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dg_lsp.context import postprocess
+from dg_lsp.context.builder import indent_unit
 from dg_lsp.context.ranking import rank_candidates
 
 CASES = [
@@ -197,3 +198,13 @@ def test_a_cut_prefix_window_inside_a_long_literal(ctx_at):
     ctx, _ = ctx_at("CONFIG = {\n" + entries + "    'last': [f(<|>\n}\n", "python")
     assert ctx.prefix_cut and ctx.open_brackets == "{[("
     assert postprocess("1), 2],", ctx) == "1), 2],"
+
+
+def test_the_indent_step_is_the_commonest_step_into_a_deeper_line():
+    """A common divisor of every indentation is thrown off by one odd line: C++'s one-space access
+    specifiers, a continuation aligned under its opening bracket."""
+    cpp = "class A {\n public:\n  int f() {\n    return 1;\n  }\n\n private:\n  int x_;\n};\n"
+    assert indent_unit(cpp, len(cpp), "cpp") == "  "
+    py = "def f(a, b):\n    total = compute(a,\n                    b)\n    if total:\n        return total\n"
+    assert indent_unit(py, len(py), "python") == "    "
+    assert indent_unit("x = 1\n", 6, "go") == "\t"

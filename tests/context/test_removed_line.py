@@ -18,8 +18,9 @@ from dg_lsp.context.ranking import rank_candidates
 from .snippets import PROGRAMS
 
 LINE_START = {"line_above", "empty_line", "function_body"}
-# C++: the snippet's one-space access specifier (` public:`) makes the indent unit read as 1 space, so a
-# blank line after an opener is indented by one column, not two
+# C++: a blank line after an opener is taken to go one step deeper, but a namespace's body does not, nor
+# do the one-space access specifiers (` public:`) and the lines right after them; and a removed `} else {`
+# is cut at its leading `}`
 KNOWN = {"cpp"}
 
 
