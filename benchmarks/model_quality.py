@@ -69,6 +69,8 @@ class Task:
     middle: str
     test: str = ""
     entry_point: str = ""
+    language: str = ""
+    """The grammar, where the task knows its file's (else `task_language` guesses)."""
 
 
 @dataclass
@@ -138,9 +140,15 @@ def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canva
     return tasks
 
 
-def mid_word_tasks(corpus: Path, n: int) -> list[Task]:
+def mid_word_tasks(corpus: Path, n: int, whole_files: bool = False) -> list[Task]:
     """Cursors inside a word of held-out files, the rest of that line as the reference: where most of the
-    requests typing sends land (token healing, `dg_lsp/engine/healing.py`, is for them). Seed 778."""
+    requests typing sends land (token healing, `dg_lsp/engine/healing.py`, is for them). Seed 778.
+
+    The document is 3,000 characters before the cursor and 1,000 after the line, or with `whole_files`
+    (suite `mid-word-file`, same cursors) the whole file in its own grammar, as an editor has it: a cut
+    document can start inside a string or a bracket, which the pipeline's syntax check and bracket rules
+    then misread."""
+    from dg_lsp.context.languages import language_for
     from dg_lsp.training.corpus import load_docs
     from dg_lsp.training.train import DocSampler
 
@@ -148,7 +156,8 @@ def mid_word_tasks(corpus: Path, n: int) -> list[Task]:
     rng = random.Random(778)
     tasks: list[Task] = []
     while len(tasks) < n:
-        text = sampler.draw(rng).text
+        doc = sampler.draw(rng)
+        text = doc.text
         words = list(re.finditer(r"[A-Za-z_][A-Za-z0-9_]{3,}", text))
         if not words:
             continue
@@ -157,6 +166,11 @@ def mid_word_tasks(corpus: Path, n: int) -> list[Task]:
         end = text.find("\n", cut)
         end = len(text) if end < 0 else end
         i = len(tasks)
+        if whole_files:
+            language = language_for(None, doc.path) or ""
+            tasks.append(Task("mid-word-file", f"mid-word-file/{i}", text[:cut], text[end:], text[cut:end],
+                              language=language))  # fmt: skip
+            continue
         tasks.append(Task("mid-word", f"mid-word/{i}", text[max(0, cut - 3000) : cut], text[end : end + 1000],
                           text[cut:end]))  # fmt: skip
     return tasks
@@ -222,6 +236,8 @@ def _errors(text: str, language: str) -> int:
 
 def task_language(task: Task) -> str:
     """HumanEval is Python; a held-out window is whichever grammar parses its reference with fewer errors."""
+    if task.language:
+        return task.language
     if task.suite not in ("held-out", "mid-word"):
         return "python"
     reference = task.prefix + task.middle + task.suffix
@@ -559,6 +575,7 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         + f"Subsets: held-out {args.spans} spans (drawn with the tokenizer of "
         + f"`{args.tasks_tokenizer or _first_model_dir(args)}`); "
         + (f"{args.mid_word} cursors inside a word of held-out files; " if args.mid_word else "")
+        + (f"the same {args.mid_word_files} cursors in their whole files; " if args.mid_word_files else "")
         + f"HumanEval single-line every {args.single_every}th task, "
         f"multi-line every {args.multi_every}th, random-span-light every {args.light_every}th.",
         "",
@@ -644,6 +661,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also score this many cursors inside a word of held-out files (the rest of the line)",
     )
     ap.add_argument(
+        "--mid-word-files",
+        type=int,
+        default=0,
+        help="the first N of those cursors with their whole file as the document (suite mid-word-file)",
+    )
+    ap.add_argument(
         "--no-heal",
         action="store_true",
         help="turn token healing off (dg_lsp/engine/healing.py), to measure what it does",
@@ -702,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no held-out corpus at {args.corpus}: skipping held-out spans (see dg_lsp/training/README.md)")
     if args.mid_word > 0 and (args.corpus / "valid.jsonl").exists():
         tasks += mid_word_tasks(args.corpus, args.mid_word)
+    if args.mid_word_files > 0 and (args.corpus / "valid.jsonl").exists():
+        tasks += mid_word_tasks(args.corpus, args.mid_word_files, whole_files=True)
     for suite, every in (
         ("single-line", args.single_every),
         ("multi-line", args.multi_every),
