@@ -18,10 +18,11 @@ from dg_lsp.context.ranking import rank_candidates
 from .snippets import PROGRAMS
 
 LINE_START = {"line_above", "empty_line", "function_body"}
-# C++: a blank line after an opener is taken to go one step deeper, but a namespace's body does not, nor
-# do the one-space access specifiers (` public:`) and the lines right after them; and a removed `} else {`
-# is cut at its leading `}`
-KNOWN = {"cpp"}
+KNOWN = {
+    "cpp": "a blank line after an opener is taken to go one step deeper, but a namespace's body does not, "
+    "nor do one-space access specifiers (` public:`) and the lines after them; a removed `} else {` is cut "
+    "at its leading `}`",
+}
 
 
 def _cursors(source: str):
@@ -39,7 +40,9 @@ def _cursors(source: str):
 @pytest.mark.parametrize(
     "language",
     [
-        pytest.param(lang, marks=pytest.mark.xfail(strict=True)) if lang in KNOWN else lang
+        pytest.param(lang, marks=pytest.mark.xfail(strict=True, reason=KNOWN[lang]))
+        if lang in KNOWN
+        else lang
         for lang in PROGRAMS
     ],
 )
