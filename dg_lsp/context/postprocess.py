@@ -21,6 +21,7 @@ _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _TAIL_PUNCT = set(")]}\"'`;:,")
 _EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
+_CONTINUES = re.compile(r"^\s*(else|elif|except|finally)\b")
 
 
 def _ws_width(ws: str) -> int:
@@ -128,8 +129,18 @@ def _cut_at_dedent(text: str, ctx: InfillContext, floor: int | None = None) -> s
             closer = ctx.language not in INDENT_BLOCKS and line.strip()[0] in CLOSERS
             if closer and _closes_own(lines[:i], ctx):
                 continue  # closes a bracket the candidate itself opened
+            if _continues_block_statement(line, ctx):
+                continue
             return "\n".join(lines[:i])
     return text
+
+
+def _continues_block_statement(line: str, ctx: InfillContext) -> bool:
+    """An `else:` / `elif` / `except` / `finally:` one step left of the cursor's block goes on with the
+    statement that block belongs to (the if branch's body, then its else), so it does not end the candidate;
+    cut there, the code below, the else branch's body, would be left in the if branch."""
+    outer = _ws_width(ctx.indent) - _ws_width(ctx.indent_unit)
+    return ctx.language in INDENT_BLOCKS and bool(_CONTINUES.match(line)) and _ws_width(_lead(line)) >= outer
 
 
 def _closes_own(lines: list[str], ctx: InfillContext) -> bool:

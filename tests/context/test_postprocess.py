@@ -82,6 +82,14 @@ CASES = [
     ("python", "value = compute<|>\n", "(1, 2)\nprint(value)", "(1, 2)"),
     ("python", "def f():\n    a = 0\n    <|>\n", "a += 1\n    b = 2\n\n    c = 3", "a += 1\n    b = 2"),
     ("python", "def f():\n    a = 0\n    <|>\n", "a += 1\nb = 2", "a += 1"),  # `b = 2` left the block
+    # ... but an else: one step out goes on with the if whose body the cursor is in (its own body is below)
+    (
+        "python",
+        "def f(s, k):\n    if k > len(s):\n<|>\n        return s[k:]\n",
+        "        return s[::-1]\n    else:",
+        "        return s[::-1]\n    else:",
+    ),
+    ("python", "def f(x):\n    if x:\n<|>\n        y = 2\n", "        y = 1\nelse:", "        y = 1"),
     (
         "typescript",
         "function len(s: string): number {\n  <|>\n}\n",
