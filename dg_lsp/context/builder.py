@@ -86,10 +86,8 @@ def _leading_ws(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-_INDENTS = re.compile(r"^([ \t]+)\S", re.MULTILINE)
-
-
 _LINE_INDENT = re.compile(r"^([ \t]*)\S", re.MULTILINE)
+"""The leading whitespace of each non-blank line (empty for a line at column 0)."""
 
 
 def indent_unit(text: str, offset: int, language: str | None, window: int = 6000) -> str:
@@ -98,15 +96,13 @@ def indent_unit(text: str, offset: int, language: str | None, window: int = 6000
     The commonest step from one line into a deeper one, as editors detect it: a common divisor of every
     indentation is thrown off by one odd line (C++'s one-space ` public:`, a continuation line aligned
     under an opening bracket)."""
-    indents = _INDENTS.findall(text, max(offset - window, 0), offset)
-    region = (max(offset - window, 0), offset)
-    if not indents:
-        indents = _INDENTS.findall(text, offset, offset + window)
-        region = (offset, offset + window)
+    leads = _LINE_INDENT.findall(text, max(offset - window, 0), offset)
+    if not any(leads):
+        leads = _LINE_INDENT.findall(text, offset, offset + window)
+    indents = [ws for ws in leads if ws]
     if any(ws.startswith("\t") for ws in indents):
         return "\t"
-    widths = [len(ws) for ws in _LINE_INDENT.findall(text, *region)]
-    steps = Counter(b - a for a, b in itertools.pairwise(widths) if 2 <= b - a <= 8)
+    steps = Counter(len(b) - len(a) for a, b in itertools.pairwise(leads) if 2 <= len(b) - len(a) <= 8)
     if steps:
         return " " * max(sorted(steps), key=steps.__getitem__)
     step = functools.reduce(math.gcd, {len(ws) for ws in indents}, 0)
