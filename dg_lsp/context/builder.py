@@ -18,7 +18,18 @@ from dg_lsp.context.windows import build_windows, estimate_tokens
 from dg_lsp.engine.types import InfillRequest
 
 OPENS_BLOCK = re.compile(r"(:|\{|\(|\[|\bthen|\bdo|\belse|\bfunction\b.*\))\s*$")
+CPP_ACCESS = re.compile(r"^[ \t]*(public|private|protected|signals|Q_SIGNALS)(\s+(slots|Q_SLOTS))?\s*:\s*$")
+"""A C++ access specifier: a label, not a block; the members after it sit at the class body's column."""
+_CPP_NAMESPACE = re.compile(
+    r"^[ \t]*((inline\s+)?namespace\b[^{;]*|extern\s+\"C(\+\+)?\"\s*)\{[ \t]*$", re.MULTILINE
+)
 SELECTION_MAX_TOKENS = 512
+CLOSERS_SCAN = 8_000
+"""Characters past a cut suffix window read as text for the closers of what is open at the cursor; the
+syntax tree says the rest. A block longer than the window closes below it: counted from the window alone,
+a candidate closed a `{` that the block's own `}` further down closes (`if (x) {}`), or closed the
+function its cursor is in. The text near the cursor, where a removed line leaves the tree broken, is
+read as text."""
 LINE_START_KINDS = frozenset({"line_above", "empty_line", "function_body"})
 
 
@@ -86,40 +97,69 @@ def _leading_ws(line: str) -> str:
     return line[: len(line) - len(line.lstrip(" \t"))]
 
 
-_LINE_INDENT = re.compile(r"^([ \t]*)\S", re.MULTILINE)
-"""The leading whitespace of each non-blank line (empty for a line at column 0)."""
+_LINE_INDENT = re.compile(r"^([ \t]*)(\S.*)$", re.MULTILINE)
+"""The leading whitespace and the code of each non-blank line."""
+DEFAULT_UNIT = {"go": "\t", "javascript": "  ", "typescript": "  ", "tsx": "  "}
+"""Where the document shows no step: gofmt's tab; two spaces, as Prettier and most JS/TS styles write."""
+
+
+def _indent_steps(lines: list[tuple[str, str]]) -> tuple[Counter[int], Counter[int]]:
+    """Steps into a deeper line after a line that opens a block, and after any line: a continuation line
+    is deeper than its statement by whatever aligns it, so those count only where nothing else shows."""
+    steps = [(len(b) - len(a), OPENS_BLOCK.search(code)) for (a, code), (b, _) in itertools.pairwise(lines)]
+    steps = [(step, opens) for step, opens in steps if 2 <= step <= 8]
+    return Counter(step for step, opens in steps if opens), Counter(step for step, _ in steps)
 
 
 def indent_unit(text: str, offset: int, language: str | None, window: int = 6000) -> str:
-    """The document's indentation step, read from the text just before (else after) the cursor.
+    """The document's indentation step, read from the text around the cursor.
 
     The commonest step from one line into a deeper one, as editors detect it: a common divisor of every
     indentation is thrown off by one odd line (C++'s one-space ` public:`, a continuation line aligned
-    under an opening bracket)."""
-    leads = _LINE_INDENT.findall(text, max(offset - window, 0), offset)
-    if not any(leads):
-        leads = _LINE_INDENT.findall(text, offset, offset + window)
-    indents = [ws for ws in leads if ws]
+    under an opening bracket). Both sides count: a file's first lines (its imports' continuation lines,
+    `namespace x {` then ` public:`) may not show the step that the code below them is written in."""
+    lines = _LINE_INDENT.findall(text, max(offset - window, 0), offset + window)
+    block_steps, steps = _indent_steps(lines)
+    indents = [ws for ws, _ in lines if ws]
     if any(ws.startswith("\t") for ws in indents):
         return "\t"
-    steps = Counter(len(b) - len(a) for a, b in itertools.pairwise(leads) if 2 <= len(b) - len(a) <= 8)
-    if steps:
-        return " " * max(sorted(steps), key=steps.__getitem__)
+    if not block_steps and language in DEFAULT_UNIT:
+        return DEFAULT_UNIT[language]
+    if block_steps or steps:
+        return " " * max(sorted(block_steps or steps), key=(block_steps or steps).__getitem__)
     step = functools.reduce(math.gcd, {len(ws) for ws in indents}, 0)
     if 2 <= step <= 8:
         return " " * step
-    return "\t" if language == "go" else "    "
+    return "    "
 
 
-def _prev_code_line(text: str, line_start: int) -> str:
+def _prev_code_line(text: str, line_start: int) -> tuple[int, str]:
+    """The last non-blank line before `line_start`, with the offset it starts at."""
     end = line_start - 1
     while end > 0:
         start = text.rfind("\n", 0, end) + 1
         line = text[start:end]
         if line.strip():
-            return line
+            return start, line
         end = start - 1
-    return ""
+    return 0, ""
+
+
+def statement_lead(text: str, line_start: int, language: str | None, max_lines: int = 24) -> str:
+    """The indentation of the line that starts the statement whose line begins at `line_start`.
+
+    A header broken over lines (`def copy(self, src,` then `         dst):` aligned under its bracket) opens
+    its block at its first line's column plus a step, not its last line's."""
+    end = text.find("\n", line_start)
+    end = len(text) if end < 0 else end
+    start = line_start
+    for _ in range(max_lines):
+        if not leading_closers(text[start:end], language):
+            return _leading_ws(text[start:end])
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    return _leading_ws(text[line_start:end])
 
 
 def open_brackets_at(snapshot: DocumentSnapshot, offset: int) -> str:
@@ -152,7 +192,59 @@ def open_brackets_at(snapshot: DocumentSnapshot, offset: int) -> str:
     return "".join(out)
 
 
-def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
+_LITERAL = re.compile(r"(^|_)comment$|string$|string_literal$|^heredoc_body$")
+"""Tree-sitter node types of comments and strings across the grammars (not `template_argument_list`)."""
+
+
+def past_literal(snapshot: DocumentSnapshot, offset: int) -> int:
+    """`offset`, or the end of the comment or string it falls inside.
+
+    A cut prefix window often starts inside a doc comment; scanned from there as code, its prose (an
+    example's ``` fence reads as a template string) hides every bracket after it."""
+    tree = snapshot.tree
+    if tree is None or offset <= 0:
+        return offset
+    b = snapshot.to_byte(offset)
+    node = tree.root_node.descendant_for_byte_range(b, b)
+    for n in ancestors(node):
+        if n.start_byte < b < n.end_byte and _LITERAL.search(n.type):
+            return snapshot.to_char(n.end_byte)
+    return offset
+
+
+def closing_brackets_at(snapshot: DocumentSnapshot, offset: int) -> str:
+    """Closers after `offset` of the brackets open at it, innermost first: `open_brackets_at` read from the
+    other end, for the text past a cut suffix window."""
+    tree = snapshot.tree
+    if offset >= len(snapshot.text):
+        return ""
+    if tree is None:
+        return leading_closers(snapshot.text[offset:], snapshot.language)
+    b = snapshot.to_byte(offset)
+    out: list[str] = []
+    for node in ancestors(tree.root_node.descendant_for_byte_range(b, b)):
+        if node.end_byte <= b:
+            continue
+        stack: list[str] = []
+        for child in reversed(node.children):
+            if child.end_byte <= b:
+                break
+            if child.type in CLOSERS and len(child.type) == 1:
+                stack.append(child.type)
+            elif child.type == "ERROR" and child.start_byte >= b:  # a closer nothing opens, where a line went
+                stack += reversed(
+                    leading_closers(
+                        snapshot.text[snapshot.to_char(child.start_byte) : snapshot.to_char(child.end_byte)],
+                        snapshot.language,
+                    )
+                )
+            elif child.type in OPENERS and len(child.type) == 1 and stack and PAIR[stack[-1]] == child.type:
+                stack.pop()
+        out += reversed(stack)
+    return "".join(out)
+
+
+def block_indent(text: str, offset: int, span: SpanKind, unit: str, language: str | None = None) -> str:
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", offset)
     line = text[line_start : len(text) if line_end < 0 else line_end]
@@ -160,7 +252,7 @@ def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
     own = _leading_ws(line)
     if before.strip():
         if span.name in ("function_body", "block"):
-            return own + unit
+            return statement_lead(text, line_start, language) + unit
         return own
     if before:
         return before
@@ -168,11 +260,37 @@ def block_indent(text: str, offset: int, span: SpanKind, unit: str) -> str:
         return own
     # a blank line with the cursor at column 0: deeper only where code must go (after an opener, or
     # in an empty function body); otherwise the column the user chose is the intent
-    prev = _prev_code_line(text, line_start)
-    prev_indent = _leading_ws(prev)
+    prev_start, prev = _prev_code_line(text, line_start)
+    if language == "cpp" and OPENS_BLOCK.search(prev):
+        return _cpp_body_indent(text, line_start, prev, unit)
     if OPENS_BLOCK.search(prev):
-        return prev_indent + unit
-    return prev_indent if span.name == "function_body" else ""
+        return statement_lead(text, prev_start, language) + unit
+    return statement_lead(text, prev_start, language) if span.name == "function_body" else ""
+
+
+def _cpp_body_indent(text: str, line_start: int, prev: str, unit: str) -> str:
+    """C++ bodies that do not go one step deeper than the line opening them.
+
+    Most C++ styles (Google, LLVM, Mozilla, WebKit) do not indent a namespace's body, nor an `extern "C"`
+    block's: the document's other namespaces say whether it does. Members after an access specifier sit
+    at the class body's column, whether the specifier is at the class's column, one space in or a step in.
+    """
+    prev_indent = _leading_ws(prev)
+    if _CPP_NAMESPACE.match(prev):
+        for m in _CPP_NAMESPACE.finditer(text):
+            nxt = _LINE_INDENT.search(text, m.end())
+            if nxt and not m.end() < line_start <= nxt.start() and len(nxt[1]) > len(_leading_ws(m[0])):
+                return prev_indent + unit
+        return prev_indent
+    if CPP_ACCESS.match(prev):
+        end = text.rfind("\n", 0, line_start - 1)
+        while end > 0:  # up to the class's own `{`, at or left of the specifier
+            start = text.rfind("\n", 0, end) + 1
+            line = text[start:end]
+            if line.rstrip().endswith("{") and len(_leading_ws(line)) <= len(prev_indent):
+                return _leading_ws(line) + unit
+            end = start - 1
+    return prev_indent + unit
 
 
 def replaced_indent(text: str, start: int, end: int) -> str:
@@ -216,7 +334,7 @@ def build_context(
     if end > offset:
         indent = replaced_indent(text, offset, end)
     else:
-        indent = block_indent(text, offset, span, unit)
+        indent = block_indent(text, offset, span, unit, snap.language)
 
     win = build_windows(snap, offset, end, max_prefix_tokens, max_suffix_tokens)
     prefix = win.prefix
@@ -226,6 +344,9 @@ def build_context(
     line_start = text.rfind("\n", 0, offset) + 1
     line_end = text.find("\n", end)
     line_end = len(text) if line_end < 0 else line_end
+    scan_from = min(past_literal(snap, win.prefix_start), offset)
+    scan_to = max(win.suffix_end + CLOSERS_SCAN, end)
+    scan_to = past_literal(snap, scan_to) if scan_to < len(text) else len(text)
     return InfillContext(
         prefix=prefix,
         suffix=win.suffix,
@@ -242,9 +363,12 @@ def build_context(
         prefix_cut=win.prefix_start > 0,
         suffix_cut=win.suffix_end < len(text),
         open_brackets=unmatched_openers(
-            text[win.prefix_start : offset], snap.language, opened=open_brackets_at(snap, win.prefix_start)
+            text[scan_from:offset], snap.language, opened=open_brackets_at(snap, scan_from)
         ),
-        suffix_closers=leading_closers(win.suffix, snap.language),
+        suffix_closers=leading_closers(
+            text[end:scan_to] + closing_brackets_at(snap, scan_to) if scan_to < len(text) else text[end:],
+            snap.language,
+        ),
         replaced=replaced,
         version=snap.version,
     )

@@ -11,7 +11,7 @@ import dataclasses
 import re
 
 from dg_lsp.context.brackets import CLOSE_FOR, CLOSERS, OPENERS, PAIR, bracket_events, unmatched_openers
-from dg_lsp.context.builder import OPENS_BLOCK, InfillContext
+from dg_lsp.context.builder import CPP_ACCESS, OPENS_BLOCK, InfillContext
 from dg_lsp.context.languages import INDENT_BLOCKS
 from dg_lsp.context.spans import kind
 
@@ -21,7 +21,13 @@ _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _TAIL_PUNCT = set(")]}\"'`;:,")
 _EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
+_GOES_ON = re.compile(r"([,\\+\-*/%&|^=<>?]|\band|\bor)\s*$")
+"""A line that goes on in the next: a trailing comma, operator or backslash."""
+_TRAILING_COMMENT = re.compile(r"\s+(#|//)[^'\"]*$")
 _CONTINUES = re.compile(r"^\s*(else|elif|except|finally)\b")
+_CONTINUES_BRACED = re.compile(r"^\s*(\}\s*(else|catch|finally)\b.*\{|(else|elseif|elif)\b.*)$")
+"""`} else {`, `} else if (x) {`, `} catch (e) {`, Lua's and the shell's `else` / `elseif` / `elif`: the end
+of one branch and the start of the next."""
 
 
 def _ws_width(ws: str) -> int:
@@ -112,12 +118,35 @@ def _own_column(lines: list[str], anchor: int, target: int, ctx: InfillContext) 
     """Whether lines going in above a code line from column 0 keep the columns the model wrote.
 
     There any column can be right: the header of the code line's block sits to its left, the end of a
-    deeper block to its right. Only a candidate at column 0 that is not that header ignored indentation.
+    deeper block to its right. Only a candidate at column 0 that does not lead into the code line ignored
+    indentation: a block's header, a statement the code line continues (`var a = require('a'),`, `x = (a +`,
+    a `\\` line end) and a docstring or block comment the code line is inside all sit left of it.
+    A C++ access specifier is a label: styles put it anywhere from the class's column to its members'.
     """
+    if ctx.language == "cpp" and CPP_ACCESS.match(lines[0]):
+        return True
     if ctx.span.name != "line_above":
         return False
+    if anchor > 0:
+        return True
     last = next((ln for ln in reversed(lines) if ln.strip()), "")
-    return anchor > 0 or (bool(OPENS_BLOCK.search(last)) and _ws_width(_lead(last)) < target)
+    if _ws_width(_lead(last)) >= target:
+        return False
+    code = _TRAILING_COMMENT.sub("", last)
+    return bool(
+        OPENS_BLOCK.search(code)
+        or _GOES_ON.search(code)
+        or unmatched_openers(code, ctx.language)
+        or _opens_text(last)
+    )
+
+
+def _opens_text(line: str) -> bool:
+    """The line starts a docstring or block comment that it does not end."""
+    if line.count('"""') % 2 or line.count("'''") % 2:
+        return True
+    start = line.find("/*")
+    return start >= 0 and "*/" not in line[start + 2 :]
 
 
 def _cut_at_dedent(text: str, ctx: InfillContext, floor: int | None = None) -> str:
@@ -136,11 +165,16 @@ def _cut_at_dedent(text: str, ctx: InfillContext, floor: int | None = None) -> s
 
 
 def _continues_block_statement(line: str, ctx: InfillContext) -> bool:
-    """An `else:` / `elif` / `except` / `finally:` one step left of the cursor's block goes on with the
-    statement that block belongs to (the if branch's body, then its else), so it does not end the candidate;
-    cut there, the code below, the else branch's body, would be left in the if branch."""
+    """An `else:` / `elif` / `except` / `finally:` (`} else {`, `} catch (e) {` in brace languages) one
+    step left of the cursor's block goes on with the statement that block belongs to (the if branch's body,
+    then its else), so it does not end the candidate; cut there, the code below, the else branch's body,
+    would be left in the if branch, or the else branch would never be written."""
     outer = _ws_width(ctx.indent) - _ws_width(ctx.indent_unit)
-    return ctx.language in INDENT_BLOCKS and bool(_CONTINUES.match(line)) and _ws_width(_lead(line)) >= outer
+    if _ws_width(_lead(line)) < outer:
+        return False
+    if ctx.language in INDENT_BLOCKS:
+        return bool(_CONTINUES.match(line))
+    return bool(_CONTINUES_BRACED.match(line))
 
 
 def _closes_own(lines: list[str], ctx: InfillContext) -> bool:
@@ -224,27 +258,45 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     return text
 
 
+def _scan_brackets(text: str, ctx: InfillContext) -> tuple[int | None, list[str]]:
+    """Where the candidate first closes more than it may (None: nowhere), and the openers it leaves open
+    that are its own to close, outermost first.
+
+    The suffix closes the brackets it closes last, so the candidate may close only the innermost others.
+    On lines of their own it may also close one of the suffix's `{` when it opens one again before it ends:
+    a `} else {` or `} catch (e) {` ends the block the cursor is in and starts the one whose `}` is below."""
+    keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
+    closable = ctx.open_brackets[len(ctx.open_brackets) - keep :] if keep > 0 else ""
+    theirs = list(ctx.open_brackets[: len(ctx.open_brackets) - len(closable)])
+    stack: list[str] = []
+    owed: list[tuple[int, str]] = []  # the suffix's brackets the candidate closed, to be opened again
+    for i, ch in bracket_events(text, ctx.language):
+        if ch in OPENERS:
+            if not stack and owed and owed[-1][1] == ch:
+                theirs.append(owed.pop()[1])
+            else:
+                stack.append(ch)
+        elif stack and stack[-1] == PAIR[ch]:
+            stack.pop()
+        elif not stack and closable and closable[-1] == PAIR[ch]:
+            closable = closable[:-1]
+        elif not stack and ch == "}" and not ctx.span.single_line and theirs and theirs[-1] == "{":
+            owed.append((i, theirs.pop()))
+        else:
+            return (owed[0][0] if owed else i), stack
+    return (owed[0][0] if owed else None), stack
+
+
 def balance(text: str, ctx: InfillContext, inside: str = "") -> str:
     """Cut where the candidate closes more than it may, then close what it opened itself. `inside`: the
     quote of a string the candidate starts in."""
     if inside:
         done = balance(inside + text, ctx)
         return done[len(inside) :] if done.startswith(inside) else text
-    # the suffix closes the brackets it closes last, so the candidate may close only the innermost others
-    keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
-    closable = ctx.open_brackets[len(ctx.open_brackets) - keep :] if keep > 0 else ""
-    stack: list[str] = []
-    for i, ch in bracket_events(text, ctx.language):
-        if ch in OPENERS:
-            stack.append(ch)
-        elif stack and stack[-1] == PAIR[ch]:
-            stack.pop()
-        elif not stack and closable and closable[-1] == PAIR[ch]:
-            closable = closable[:-1]
-        else:
-            text = text[:i].rstrip()
-            break
-    stack = list(unmatched_openers(text, ctx.language))
+    cut, stack = _scan_brackets(text, ctx)
+    while cut is not None:
+        text = text[:cut].rstrip()
+        cut, stack = _scan_brackets(text, ctx)
     # closers in the suffix that nothing in the prefix opened close the candidate's innermost openers
     # first (the user removed a line that opens a block and the block's end is still there)
     for closer in ctx.suffix_closers[: max(len(ctx.suffix_closers) - len(ctx.open_brackets), 0)]:
@@ -260,7 +312,7 @@ def balance(text: str, ctx: InfillContext, inside: str = "") -> str:
     p = text.rfind("\n")
     while p > 0:
         head = text[:p]
-        if head.strip() and not unmatched_openers(head, ctx.language):
+        if head.strip() and _scan_brackets(head, ctx) == (None, []):
             return head.rstrip()
         p = text.rfind("\n", 0, p)
     if ctx.language in INDENT_BLOCKS:

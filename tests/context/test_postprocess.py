@@ -72,7 +72,9 @@ CASES = [
     ("python", "class A:\n    def f(self):<|>\n", "\n    return 1", "\n        return 1"),
     ("python", "def f():\n    return 1\n\n<|>\n", "def g():\n    return 2", "def g():\n    return 2"),
     ("python", 'def f():\n    """Doc."""\n<|>\n', "return 2", "    return 2"),
-    ("javascript", "if (ready) {<|>\n}\n", "\n  go();\n}", "\n    go();"),
+    # no step shown: Prettier's two spaces
+    ("javascript", "if (ready) {<|>\n}\n", "\n  go();\n}", "\n  go();"),
+    ("javascript", "if (ready) {<|>\n}\n", "\ngo();\n}", "\n  go();"),
     ("javascript", "function f() {\n  if (ready) {<|>\n  }\n}\n", "\ngo();\n}", "\n    go();"),
     ("python", "for i in range(3):<|>\n", "\nprint(i)", "\n    print(i)"),
     # --- stop rules
@@ -90,6 +92,48 @@ CASES = [
         "        return s[::-1]\n    else:",
     ),
     ("python", "def f(x):\n    if x:\n<|>\n        y = 2\n", "        y = 1\nelse:", "        y = 1"),
+    # ... and so does a `} else {` (`} catch (e) {`, Lua's `else`): the `}` below then closes the else branch
+    (
+        "javascript",
+        "function f(a) {\n  if (a) {\n    <|>\n  }\n}\n",
+        "b();\n  } else {\n    c();\n  }\n}",
+        "b();\n  } else {\n    c();",
+    ),
+    (
+        "go",
+        "package main\n\nfunc f(a bool) {\n\tif a {\n\t\t<|>\n\t}\n}\n",
+        "b()\n\t} else {\n\t\tc()\n\t}",
+        "b()\n\t} else {\n\t\tc()",
+    ),
+    (
+        "java",
+        "class A {\n  void f() {\n    try {\n      <|>\n    }\n  }\n}\n",
+        "b();\n    } catch (Exception e) {\n      c();\n    }\n  }",
+        "b();\n    } catch (Exception e) {\n      c();",
+    ),
+    (
+        "lua",
+        "local function f(a)\n  if a then\n    <|>\n  end\nend\n",
+        "b()\n  else\n    c()\n  end",
+        "b()\n  else\n    c()",
+    ),
+    (
+        "javascript",
+        "function f(a) {\n  if (a) {\n    b();\n<|>\n  }\n}\n",
+        "  } else {\n    c();\n  }",
+        "  } else {\n    c();",
+    ),
+    # ... but a candidate that ends the block and goes on outside it is cut where it leaves
+    ("javascript", "function f(a) {\n  if (a) {\n    <|>\n  }\n}\n", "b();\n  }\n  c();", "b();"),
+    (
+        "javascript",
+        "function f(a) {\n  if (a) {\n    <|>\n  }\n}\n",
+        "b();\n}\nfunction g() {\n  c();\n}",
+        "b();",
+    ),
+    # (an else branch left for the user to write: the `}` below closes it)
+    ("javascript", "function f(a) {\n  if (a) {\n    <|>\n  }\n}\n", "b();\n  } else {", "b();\n  } else {"),
+    ("javascript", "if (a) { f(<|>); }\n", "x); } else { g(", "x"),  # one line: nothing borrowed
     (
         "typescript",
         "function len(s: string): number {\n  <|>\n}\n",
@@ -216,3 +260,97 @@ def test_the_indent_step_is_the_commonest_step_into_a_deeper_line():
     py = "def f(a, b):\n    total = compute(a,\n                    b)\n    if total:\n        return total\n"
     assert indent_unit(py, len(py), "python") == "    "
     assert indent_unit("x = 1\n", 6, "go") == "\t"
+    # the top of a file may not show the step yet: the text after the cursor does
+    top = "namespace text {\n\nclass A {\n public:\n"
+    cpp = top + "\n  int f() {\n    return 1;\n  }\n};\n\n}  // namespace text\n"
+    assert indent_unit(cpp, len(top), "cpp") == "  "
+
+
+@pytest.mark.parametrize(
+    ("src", "indent"),
+    [
+        # most C++ styles leave a namespace's body (and an `extern "C"` block's) where the namespace is
+        ("namespace text {\n\n<|>\n}  // namespace text\n", ""),
+        ('extern "C" {\n<|>\n}\n', ""),
+        # ... unless the document's other namespaces indent theirs
+        ("namespace a {\n  int x;\n}\n\nnamespace b {\n<|>\n}\n", "  "),
+        # members after an access specifier sit at the class body's column, wherever the label sits
+        ("class A {\n public:\n<|>\n};\n", "    "),
+        ("class A {\npublic:\n  int x;\n\nprivate:\n<|>\n};\n", "  "),
+        ("namespace n {\n  class A {\n    public:\n<|>\n  };\n}\n", "    "),
+        ("void f() {\n  if (x) {\n<|>\n  }\n}\n", "    "),  # other blocks do go one step deeper
+    ],
+)
+def test_cpp_bodies_that_do_not_go_one_step_deeper(ctx_at, src, indent):
+    ctx, _ = ctx_at(src, "cpp")
+    assert ctx.indent == indent
+
+
+def test_a_cpp_access_specifier_keeps_the_column_the_model_wrote(ctx_at):
+    ctx, _ = ctx_at("class A {\n\n<|>\n  int x_;\n};\n", "cpp")
+    assert postprocess(" private:", ctx) == " private:"
+    assert postprocess("int y_;", ctx) == "  int y_;"
+
+
+def test_a_block_longer_than_the_suffix_window_keeps_its_removed_header_open(ctx_at):
+    """The block's own `}` lies past the cut suffix window: counted from the window alone, the header the
+    user removed came back closed (`if (ready) {}`) and the file no longer parsed."""
+    body = "".join(f"    total += step({i}, ready);\n" for i in range(300))
+    head = "function f(ready) {\n  let total = 0;\n"
+    ctx, _ = ctx_at(head + "<|>" + body + "  }\n  return total;\n}\n", "javascript")
+    assert ctx.suffix_cut and ctx.suffix_closers == "}}"
+    assert postprocess("  if (ready) {\n", ctx) == "  if (ready) {\n"
+    # ... and a candidate deep in a long block may not close the function around it
+    ctx, _ = ctx_at(head + "  <|>\n" + body + "  return total;\n}\n", "javascript")
+    assert postprocess("total = 1;\n}\n\nfunction g() {", ctx) == "total = 1;"
+
+
+def test_a_prefix_window_that_starts_inside_a_doc_comment(ctx_at):
+    """Scanned as code from inside a comment, an example's ``` fence reads as a template string and hides
+    every bracket after it."""
+    doc = "/**\n * ```ts\n" + "".join(f" * f({i});\n" for i in range(400)) + " * ```\n */\n"
+    src = doc + "function f(xs) {\n  for (const x of xs) {\n    if (x) {\n      go(x);\n<|>\n  }\n}\n"
+    ctx, _ = ctx_at(src, "typescript", max_prefix_tokens=200)
+    assert ctx.prefix_cut and ctx.open_brackets == "{{{"
+    assert postprocess("    }\n", ctx) == "    }"
+
+
+@pytest.mark.parametrize(
+    ("language", "src", "line"),
+    [
+        # from column 0, a statement that the code line below continues keeps its column
+        ("javascript", "<|>    keys = require('./keys');\n\nexport default f;\n", "var b = require('./b'),"),
+        ("python", "<|>    Number, Operator\n", "from pygments.token import Comment, \\"),
+        ("python", "import sys\n<|>           ['a'])\n", "__all__ = (['b'] +"),
+        # ... so do a docstring and a block comment the code line is inside
+        ("python", '<|>    Lexers for CodeQL.\n"""\n', '"""'),
+        ("javascript", "<|> * Gets the size.\n */\nfunction size() {}\n", "/**"),
+        # ... and a block's header with a comment after its colon
+        ("python", "import sys\n<|>    import msvcrt\n", "if sys.platform == 'win32':  # pragma: no cover"),
+    ],
+)
+def test_lines_above_a_code_line_that_continues_them_keep_their_column(ctx_at, language, src, line):
+    ctx, _ = ctx_at(src, language)
+    assert ctx.span.name == "line_above"
+    assert postprocess(line + "\n", ctx) == line + "\n" + ctx.line_prefix
+
+
+@pytest.mark.parametrize(
+    ("src", "indent"),
+    [
+        ("class C:\n    def copy(self, src,\n             dst):\n<|>\n", "        "),
+        ("class C:\n    def copy(self, src,\n             dst):<|>\n", "        "),
+        ("def f():\n    if (a and\n            b):\n<|>\n        pass\n", "        "),
+    ],
+)
+def test_a_header_broken_over_lines_opens_its_block_from_its_first_line(ctx_at, src, indent):
+    ctx, _ = ctx_at(src, "python")
+    assert ctx.indent == indent
+
+
+def test_continuation_lines_do_not_set_the_indent_step():
+    """lodash: `var a = require('a'),` then `    b = require('b');` at four, every body at two."""
+    js = "var a = require('a'),\n    b = require('b'),\n    c = 1;\n\nfunction f(x) {\n  return x;\n}\n"
+    assert indent_unit(js, len(js), "javascript") == "  "
+    # no step shown at all: the language's usual one
+    assert indent_unit("var a = require('a'),\n    b = 1;\n", 0, "javascript") == "  "

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dg_lsp.context import build_context, postprocess
-from dg_lsp.context.brackets import leading_closers
+from dg_lsp.context.brackets import leading_closers, unmatched_openers
 
 from .conftest import split_cursor
 
@@ -42,6 +42,9 @@ def test_postprocess_invariants(language, src, candidate):
     assert all(line == line.rstrip() for line in out.split("\n")), "no trailing whitespace"
     if ctx.span.single_line:
         assert "\n" not in out
-    # never closes a bracket that the suffix already closes
+    # never closes a bracket that the suffix already closes, unless it opens it again (`} else {`)
     closes = leading_closers(out, language)
-    assert len(closes) <= max(len(ctx.open_brackets) - len(ctx.suffix_closers), 0)
+    extra = len(closes) - max(len(ctx.open_brackets) - len(ctx.suffix_closers), 0)
+    if extra > 0:
+        assert not ctx.span.single_line
+        assert unmatched_openers(out, language).startswith("{" * extra)

@@ -5,7 +5,8 @@ at column 0 of the next line, HumanEval-infilling's shape) or emptied (the curso
 behind), and fed back as the candidate through post-processing and the tree-sitter check. Whatever the
 pipeline does to a perfect answer it does to every model's right answers: it used to re-indent a block's
 header to its body's column (`for x in xs:` above the loop's body), close a `{` that the block's own `}`
-below already closes, and cut an `else:` for sitting left of the code line.
+below already closes, cut an `else:` for sitting left of the code line, cut a `} else {` at its `}`, and
+indent a C++ namespace's body and the members after ` public:` as if they were blocks one step deeper.
 """
 
 from __future__ import annotations
@@ -18,11 +19,6 @@ from dg_lsp.context.ranking import rank_candidates
 from .snippets import PROGRAMS
 
 LINE_START = {"line_above", "empty_line", "function_body"}
-KNOWN = {
-    "cpp": "a blank line after an opener is taken to go one step deeper, but a namespace's body does not, "
-    "nor do one-space access specifiers (` public:`) and the lines after them; a removed `} else {` is cut "
-    "at its leading `}`",
-}
 
 
 def _cursors(source: str):
@@ -37,15 +33,7 @@ def _cursors(source: str):
         yield "emptied", line, before + "\n" + after, len(before)
 
 
-@pytest.mark.parametrize(
-    "language",
-    [
-        pytest.param(lang, marks=pytest.mark.xfail(strict=True, reason=KNOWN[lang]))
-        if lang in KNOWN
-        else lang
-        for lang in PROGRAMS
-    ],
-)
+@pytest.mark.parametrize("language", list(PROGRAMS))
 def test_a_removed_line_written_back_is_shown_as_it_was(language):
     source = PROGRAMS[language]
     checked, wrong = 0, []
