@@ -7,6 +7,9 @@ from dg_lsp.context.documents import DocumentSnapshot
 from dg_lsp.context.postprocess import postprocess
 from dg_lsp.context.syntax import verdict
 
+MAX_TRIMS = 8
+"""Shorter versions of rejected multi-line candidates tried per request, each one syntax check."""
+
 
 def rank_candidates(
     candidates: list[tuple[str, float]],
@@ -15,23 +18,52 @@ def rank_candidates(
 ) -> list[str]:
     """Post-processed, de-duplicated candidates that add no syntax error, best first.
 
-    Best = fixes the most errors, then highest mean log-probability. `snapshot` must be the document
-    `ctx` was built from (offsets refer to it); without one (or without a tree) there is no syntax check.
-    """
+    Best = whole rather than trimmed, then fixes the most errors, then highest mean log-probability.
+    `snapshot` must be the document `ctx` was built from (offsets refer to it); without one (or without a
+    tree) there is no syntax check.
+
+    A multi-line candidate the check rejects is often a right answer cut short: the canvas ended inside
+    a block (`if p % k == 0:` with its body not written) or before the code that leads back to the suffix's
+    column. Its longest run of whole lines that does parse is shown instead of nothing."""
     snap = as_snapshot(snapshot, ctx.language) if snapshot is not None else None
+    checked = snap is not None and snap.tree is not None
     seen: set[str] = set()
-    scored: list[tuple[int, float, int, str]] = []
+    scored: list[tuple[bool, int, float, int, str]] = []
+    trims = MAX_TRIMS
     for index, (raw, logprob) in enumerate(candidates):
         text = postprocess(raw, ctx)
         if text is None or text in seen:
             continue
         seen.add(text)
-        delta = 0
-        if snap is not None and snap.tree is not None:
-            judged = verdict(snap, ctx.cursor_offset, ctx.end_offset, text)
-            if not judged.ok:
+        if not checked:
+            scored.append((False, 0, -logprob, index, text))
+            continue
+        judged = verdict(snap, ctx.cursor_offset, ctx.end_offset, text)
+        if judged.ok:
+            scored.append((False, judged.new_errors, -logprob, index, text))
+            continue
+        for shorter in _line_prefixes(raw, text, ctx):
+            if trims <= 0:
+                break
+            if shorter in seen:
                 continue
-            delta = judged.new_errors
-        scored.append((delta, -logprob, index, text))
+            seen.add(shorter)
+            trims -= 1
+            judged = verdict(snap, ctx.cursor_offset, ctx.end_offset, shorter)
+            if judged.ok:
+                scored.append((True, judged.new_errors, -logprob, index, shorter))
+                break
     scored.sort()
     return [text for *_, text in scored]
+
+
+def _line_prefixes(raw: str, text: str, ctx: InfillContext):
+    """`raw` cut after each of its lines, longest first, cleaned as a whole candidate is (never a line the
+    cleaned text lacks)."""
+    if ctx.span.single_line or "\n" not in text.strip("\n"):
+        return
+    lines = raw.split("\n")
+    for k in range(len(lines) - 1, 0, -1):
+        shorter = postprocess("\n".join(lines[:k]) + "\n", ctx)
+        if shorter is not None and shorter.strip() and len(shorter) < len(text):
+            yield shorter

@@ -112,6 +112,22 @@ def test_lines_inserted_above_the_code_at_the_cursor_keep_it_on_its_own_line():
     assert not parse_snapshot(filled, "python").tree.root_node.has_error
 
 
+def test_a_multi_line_candidate_cut_short_shows_its_lines_that_parse():
+    """The canvas ended inside a block: `if p % k == 0:` with no body, then the suffix's line at a column
+    the block never returns to. Rejected whole, its first lines are a right answer still."""
+    src = "def prime_fib(n):\n    def is_prime(p):\n<|>        f.append(f[-1] + f[-2])\n"
+    text, offset = split_cursor(src)
+    snap = parse_snapshot(text, "python")
+    ctx = build_context(snap, offset)
+    first = "        if p < 2:\n            return False\n"
+    cut = first + "        for k in range(2, p):\n            if p % k == 0:\n"
+    assert not verdict(snap, offset, offset, cut).ok
+    assert rank_candidates([(cut, -0.1)], ctx, snap) == [first]
+    # a whole candidate that parses comes first, whatever its score
+    whole = "        return p > 1\n"
+    assert rank_candidates([(cut, -0.1), (whole, -0.9)], ctx, snap)[0] == whole
+
+
 def test_rank_without_tree_only_postprocesses():
     ctx = build_context("hello wor", 9)
     assert rank_candidates([("ld\nmore", -1.0)], ctx, None) == ["ld"]
