@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 from dg_lsp.context.builder import InfillContext, as_snapshot
 from dg_lsp.context.documents import DocumentSnapshot
 from dg_lsp.context.postprocess import postprocess
 from dg_lsp.context.syntax import verdict
 
 MAX_TRIMS = 8
-"""Shorter versions of rejected multi-line candidates tried per request, each one syntax check."""
+"""Shorter versions of rejected multi-line candidates tried per request, each one syntax check..."""
+TRIM_BUDGET_S = 0.03
+"""...while ranking has taken less than this: a check reparses the document, ~10 ms on a 5,000-line file."""
 
 
 def rank_candidates(
@@ -29,7 +33,7 @@ def rank_candidates(
     checked = snap is not None and snap.tree is not None
     seen: set[str] = set()
     scored: list[tuple[bool, int, float, int, str]] = []
-    trims = MAX_TRIMS
+    trims, deadline = MAX_TRIMS, time.perf_counter() + TRIM_BUDGET_S
     for index, (raw, logprob) in enumerate(candidates):
         text = postprocess(raw, ctx)
         if text is None or text in seen:
@@ -43,7 +47,7 @@ def rank_candidates(
             scored.append((False, judged.new_errors, -logprob, index, text))
             continue
         for shorter in _line_prefixes(raw, text, ctx):
-            if trims <= 0:
+            if trims <= 0 or time.perf_counter() > deadline:
                 break
             if shorter in seen:
                 continue
