@@ -1,0 +1,144 @@
+"""What the editor pipeline leaves of a right line at a line start, over whole held-out files.
+
+Every code line of every held-out file (up to `--max-chars`) is taken out of its file, either whole (the
+cursor then sits at column 0 of the next line, HumanEval-infilling's shape, `line_above`) or emptied (the
+cursor on the blank line left behind, `empty_line`), and fed back as the only candidate through
+post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first candidate goes.
+A perfect model's line is then shown as it was, or moved, cut or dropped by the pipeline: each failure
+here is a fault every model's right answers meet. No model runs; the figures are deterministic.
+
+    python benchmarks/removed_lines.py --out benchmarks/results/removed_lines/head
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+from common import ROOT, header
+
+from dg_lsp.context import build_context, parse_snapshot
+from dg_lsp.context.ranking import rank_candidates
+
+LINE_START = {"line_above", "empty_line", "function_body"}
+
+
+def cursors(source: str):
+    """(shape, line, document without it, cursor) for every code line of `source`."""
+    lines = source.split("\n")
+    for i, line in enumerate(lines[:-1]):
+        if not line.strip():
+            continue
+        before = "".join(ln + "\n" for ln in lines[:i])
+        after = "\n".join(lines[i + 1 :])
+        if lines[i + 1].strip():  # else the cursor would sit on a blank line: the emptied shape
+            yield "removed", line, before + after, len(before)
+        yield "emptied", line, before + "\n" + after, len(before)
+
+
+def language_of(doc: dict) -> str:
+    return "typescript" if doc["path"].endswith(".ts") else doc["lang"]
+
+
+def run(corpus: Path, max_chars: int) -> tuple[dict, list[dict]]:
+    counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    failures = []
+    for raw in (corpus / "valid.jsonl").open():
+        doc = json.loads(raw)
+        source, language = doc["text"], language_of(doc)
+        if len(source) > max_chars:
+            continue
+        for shape, line, text, cursor in cursors(source):
+            snap = parse_snapshot(text, language)
+            ctx = build_context(snap, cursor, language=language)
+            if ctx.span.name not in LINE_START:
+                continue  # inside brackets or strings: their own stop rules, not a whole line's
+            shown = rank_candidates([(line + "\n", 0.0)], ctx, snap)
+            ok = bool(shown) and (text[:cursor] + shown[0] + text[cursor:]).rstrip() == source.rstrip()
+            counts[(language, shape)]["shown as it was" if ok else "moved, cut or dropped"] += 1
+            if not ok:
+                where = {"file": doc["path"], "shape": shape, "span": ctx.span.name}
+                failures.append({**where, "line": line, "shown": shown[:1]})
+    table = {f"{lang} / {shape}": dict(c) for (lang, shape), c in sorted(counts.items())}
+    return table, failures
+
+
+def rate(c: dict) -> float:
+    total = sum(c.values())
+    return c.get("shown as it was", 0) / total if total else 0.0
+
+
+def plot(tables: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted({row for table in tables.values() for row in table})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(tables)
+    for n, (name, table) in enumerate(tables.items()):
+        ax.barh(
+            [i + n * width for i in range(len(rows))],
+            [100 * (1 - rate(table.get(r, {}))) for r in rows],
+            height=width,
+            label=name,
+        )
+    ax.set_yticks([i + width * (len(tables) - 1) / 2 for i in range(len(rows))], rows)
+    ax.set_xlabel("% of right lines moved, cut or dropped by the pipeline (lower is better)")
+    ax.set_title("A perfect model's line at line-start cursors of held-out files")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
+    ap.add_argument("--max-chars", type=int, default=20_000, help="skip longer files (time: every line)")
+    ap.add_argument("--compare", type=Path, help="an earlier run's removed_lines.json, shown beside this one")
+    ap.add_argument("--out", type=Path, required=True, help="a folder for removed_lines.md/.json/.png")
+    args = ap.parse_args()
+    if not (args.corpus / "valid.jsonl").exists():
+        sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
+    start = time.perf_counter()
+    table, failures = run(args.corpus, args.max_chars)
+    wall = time.perf_counter() - start
+    lines, meta = header("A perfect model's line at line-start cursors of held-out files")
+    tables = {"this run": table}
+    if args.compare:
+        tables = {"earlier run": json.loads(args.compare.read_text())["table"], "this run": table}
+    names = list(tables)
+    lines += [
+        __doc__.split("\n\n")[1].replace("\n", " "),
+        "",
+        f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; wall {wall:.0f} s.",
+        "",
+        "| language / shape | cursors | " + " | ".join(f"shown as it was ({n})" for n in names) + " |",
+        "| --- | --: | " + " | ".join("--:" for _ in names) + " |",
+    ]
+    for row in sorted(table):
+        total = sum(table[row].values())
+        cells = [f"{100 * rate(t.get(row, {})):.1f}%" for t in tables.values()]
+        lines.append(f"| {row} | {total} | " + " | ".join(cells) + " |")
+    lines += ["", f"{len(failures)} lines not shown as they were; the first 40:", ""]
+    lines += [
+        f"- `{f['file']}` {f['shape']} ({f['span']}): `{f['line'].strip()[:70]}` shown as "
+        f"`{(f['shown'][0] if f['shown'] else 'nothing')[:80]!r}`"
+        for f in failures[:40]
+    ]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "removed_lines.md").write_text("\n".join(lines) + "\n")
+    (args.out / "removed_lines.json").write_text(
+        json.dumps({"meta": meta, "table": table, "failures": failures}, indent=1)
+    )
+    plot(tables, args.out / "removed_lines.png")
+    print(f"wrote {args.out}/removed_lines.md, .json, .png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
