@@ -246,6 +246,24 @@ def _quote(snapshot: DocumentSnapshot, string: tree_sitter.Node) -> str:
     return head[:3] if head[:3] in ('"""', "'''") else head[:1]
 
 
+_ONE_LINE_QUOTES = frozenset({"python", "javascript", "typescript", "tsx", "java", "c", "cpp", "go", "lua"})
+"""Languages whose `'...'` and `"..."` strings end on their line (Rust's and the shell's may not)."""
+
+
+def _typed_across_lines(raw: bytes, language: str | None) -> bool:
+    """A `'...'` or `"..."` string spans lines where such strings end on their line: it is unterminated, a
+    string the user is typing, and the parser ran it on to the next quote."""
+    one_quote = raw[:1] in (b"'", b'"') and raw[:3] not in (b"'''", b'"""')
+    return one_quote and language in _ONE_LINE_QUOTES and b"\n" in raw and b"\\\n" not in raw
+
+
+def _typed_string(quote: str) -> SpanKind:
+    """A string the user is typing, its closing quote not on the line yet: the rest of the line is theirs to
+    write, so the candidate may close the string and finish the line as code."""
+    rest_of_line = SPAN_KINDS["line_rest"].max_tokens
+    return kind("string", quote=quote, stop="line", prose=False, max_tokens=rest_of_line)
+
+
 def _string_or_comment(snapshot: DocumentSnapshot, b: int, comments: bool) -> SpanKind | None:
     if b == 0:
         return None
@@ -262,6 +280,8 @@ def _string_or_comment(snapshot: DocumentSnapshot, b: int, comments: bool) -> Sp
                 return None
             quote = _quote(snapshot, anc)
             raw = snapshot.data[anc.start_byte : anc.end_byte]
+            if _typed_across_lines(raw, snapshot.language):
+                return _typed_string(raw[:1].decode())
             multiline = b"\n" in raw or quote in ('"""', "'''")
             if snapshot.language == "python" and multiline and _is_docstring(anc):
                 return kind("docstring", quote=quote)
@@ -397,11 +417,7 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
         if quote and quote in after:
             return kind("string", quote=quote)
         if quote:
-            # a string the user is typing, its closing quote not on the line yet: the rest of the line is
-            # theirs to write, so the candidate may close the string and finish the line as code
-            return kind(
-                "string", quote=quote, stop="line", prose=False, max_tokens=SPAN_KINDS["line_rest"].max_tokens
-            )
+            return _typed_string(quote)
     if container is None and untrusted:
         container = _container_from_text(text, offset, snapshot.language)
     if container is not None:

@@ -125,6 +125,26 @@ def test_a_string_being_typed_is_the_rest_of_a_line(ctx_at):
     assert closed.max_tokens == SPAN_KINDS["string"].max_tokens
 
 
+@pytest.mark.parametrize(
+    ("language", "src"),
+    [
+        # the parser runs the unterminated string on to the next line's quote: still one being typed
+        ("javascript", "var rsRegional = '(?:\\\\ud83c[\\\\ud<|>\n    rsSurrPair = '[\\\\ud800]';\n"),
+        ("python", "names = ['fi<|>\nother = 'x'\n"),
+        ("go", 'package main\n\nvar s = "ab<|>\nvar t = "c"\n'),
+    ],
+)
+def test_a_string_being_typed_that_the_parser_runs_across_lines(ctx_at, language, src):
+    span = ctx_at(src, language)[0].span
+    assert (span.name, span.stop, span.single_line, span.prose) == ("string", "line", True, False)
+
+
+def test_strings_that_do_span_lines_stay_multi_line(ctx_at):
+    assert ctx_at('def f():\n    """Doc <|>\n    more\n    """\n', "python")[0].span.name == "docstring"
+    assert not ctx_at("const s = `a <|>\nb`;\n", "javascript")[0].span.single_line
+    assert not ctx_at('fn main() {\n    let s = "a <|>\nb";\n}\n', "rust")[0].span.single_line
+
+
 def test_kind_caps_the_canvas_length(ctx_at):
     line = ctx_at("x = compute<|>\n", "python", max_tokens=100)[0]
     body = ctx_at("def f(x):\n    <|>\n", "python", max_tokens=100)[0]
