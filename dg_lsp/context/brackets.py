@@ -123,10 +123,18 @@ def leading_closers(text: str, language: str | None) -> str:
 
 
 def open_quote(line: str, language: str | None) -> str:
-    """The quote a string left open at the end of `line` started with ('' when none, or in a comment).
+    """The quote a string left open at the end of `line` started with ('' when none, in a comment, or in
+    code between an f-string's or template literal's braces).
 
     For unterminated strings, where tree-sitter has only an ERROR node to offer.
     """
+    quote, depth = open_string(line, language)
+    return "" if depth else quote
+
+
+def open_string(line: str, language: str | None) -> tuple[str, int]:
+    """`open_quote`, and how many f-string or template braces are open inside that string at the line's
+    end (`f"{x.` is code in a string: ('"', 1))."""
     line_comments = _LINE_COMMENT.get(language or "", ("//", "#"))
     i, n = 0, len(line)
     while i < n:
@@ -134,7 +142,7 @@ def open_quote(line: str, language: str | None) -> str:
         if language == "python" and line.startswith(('"""', "'''"), i):
             end = line.find(line[i : i + 3], i + 3)
             if end < 0:
-                return line[i : i + 3]
+                return line[i : i + 3], 0
             i = end + 3
             continue
         if ch in "\"'`":
@@ -155,11 +163,11 @@ def open_quote(line: str, language: str | None) -> str:
                     j += 1  # `{{` is a literal brace
                 j += 2 if c == "\\" and not depth and not (language == "bash" and ch == "'") else 1
             if j >= n:
-                return "" if depth else ch
+                return ch, depth
             i = j + 1
             continue
         if any(line.startswith(m, i) for m in line_comments):
             if not (language == "bash" and i > 0 and not line[i - 1].isspace()):
-                return ""
+                return "", 0
         i += 1
-    return ""
+    return "", 0

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import tree_sitter
 
-from dg_lsp.context.brackets import open_quote, unmatched_openers
+from dg_lsp.context.brackets import open_string, unmatched_openers
 from dg_lsp.context.documents import DocumentSnapshot
 
 
@@ -409,7 +409,12 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
         container = None
     untrusted = tree is None or _near_error(snapshot, b) or _line_has_error(snapshot, line_start, line_end)
     if untrusted:
-        quote = open_quote(before, snapshot.language)
+        quote, braces = open_string(before, snapshot.language)
+        if braces and quote not in after:
+            # code between an f-string's or template's braces, the string not closed on the line: the
+            # candidate closes the braces, then the string, and finishes the line
+            return _typed_string(quote)
+        quote = "" if braces else quote
         if len(quote) == 3:
             prev = text[:line_start].rstrip()
             docstring = snapshot.language == "python" and (prev.endswith(":") or not prev)

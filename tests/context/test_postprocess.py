@@ -32,6 +32,10 @@ CASES = [
     ("javascript", "import { f } from './ut<|>\n", "ils';", "ils';"),
     ("python", 'print("a (b<|>\n', 'c) d")', 'c) d")'),  # brackets inside the string are text
     ("python", 'print("a (b<|>\n', 'c) d") + x', 'c) d") + x'),
+    # ... from code between an f-string's or a template's braces: close them, then the string, then the line
+    ("python", 'def f(name):\n    print(f"Hello {na<|>\n    return 1\n', 'me}!")', 'me}!")'),
+    ("javascript", "function f(a) {\n  log(`x ${a.na<|>\n  return 1;\n}\n", "me}`);", "me}`);"),
+    ("python", "    (rf'([{_squot<|>\n", "e}])',", "e}])',"),
     # --- bracket balance
     ("python", "def f(x):\n    return (x +<|>\n", " 1))))", " 1)"),
     ("python", "x = foo(<|>\n", "bar(1, 2", "bar(1, 2)"),

@@ -37,7 +37,8 @@ CASES = [
     ("javascript", "console.log('sum', <|>);\n", "argument_list", True),
     ("javascript", "const s = `hi ${name<|>}`;\n", "line_rest", True),
     ("javascript", 'const greeting = "Hello, <|>";\n', "string", True),
-    ("javascript", "const s = `a ${user.<|>\n", "line_rest", True),
+    # code in a template the line has not closed: the rest of the line, closing the braces and the string
+    ("javascript", "const s = `a ${user.<|>\n", "string", True),
     ("javascript", "// compute the <|>\nlet x = 1;\n", "comment", True),
     ("javascript", "function f(a) {\n  const b = a * 2;\n  <|>\n  return b;\n}\n", "empty_line", False),
     ("javascript", "if (ready) {<|>\n}\n", "block", False),
