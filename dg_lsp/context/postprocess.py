@@ -129,24 +129,30 @@ def _own_column(lines: list[str], anchor: int, target: int, ctx: InfillContext) 
         return False
     if anchor > 0:
         return True
+    whole = "\n".join(lines)
     last = next((ln for ln in reversed(lines) if ln.strip()), "")
-    if _ws_width(_lead(last)) >= target:
-        return False
     code = _TRAILING_COMMENT.sub("", last)
-    return bool(
-        OPENS_BLOCK.search(code)
-        or _GOES_ON.search(code)
-        or unmatched_openers(code, ctx.language)
-        or _opens_text(last)
-    )
-
-
-def _opens_text(line: str) -> bool:
-    """The line starts a docstring or block comment that it does not end."""
-    if line.count('"""') % 2 or line.count("'''") % 2:
+    if unmatched_openers(whole, ctx.language) or _opens_text(whole) or _GOES_ON.search(code):
         return True
-    start = line.find("/*")
-    return start >= 0 and "*/" not in line[start + 2 :]
+    return _opens_block_below(lines, target)
+
+
+def _opens_block_below(lines: list[str], target: int) -> bool:
+    """A line of the candidate left of the code line opens a block that every line after it stays in: the
+    code line, deeper, goes on with that block (a header, a header and its body's first lines)."""
+    code = [(_ws_width(_lead(ln)), _TRAILING_COMMENT.sub("", ln)) for ln in lines if ln.strip()]
+    for i, (width, line) in enumerate(code):
+        if width < target and OPENS_BLOCK.search(line) and all(w > width for w, _ in code[i + 1 :]):
+            return True
+    return False
+
+
+def _opens_text(text: str) -> bool:
+    """The text starts a docstring or block comment that it does not end."""
+    if text.count('"""') % 2 or text.count("'''") % 2:
+        return True
+    start = text.rfind("/*")
+    return start >= 0 and "*/" not in text[start + 2 :]
 
 
 def _cut_at_dedent(text: str, ctx: InfillContext, floor: int | None = None) -> str:
@@ -237,11 +243,15 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     above = ctx.span.name == "line_above"
     if above:  # the code after the cursor is the next line once these lines go in above it
         following = [ctx.line_suffix.strip(), *following]
-    if following and not _TRIVIAL_LINE.match(following[0]):
-        for i in range(0 if above else 1, len(lines)):
-            if lines[i].strip() == following[0]:
-                lines = lines[:i]
-                break
+    for i in range(0 if above else 1, len(lines)) if following else ():
+        if lines[i].strip() != following[0]:
+            continue
+        if _TRIVIAL_LINE.match(following[0]) or following[0] in ('"""', "'''"):
+            # a lone closer or docstring quote opens as often as it closes: only with the line after it
+            if len(following) < 2 or i + 1 >= len(lines) or lines[i + 1].strip() != following[1]:
+                continue
+        lines = lines[:i]
+        break
     text = "\n".join(lines).rstrip()
     rest = ctx.line_suffix.strip()
     if not rest or above:

@@ -331,9 +331,16 @@ def test_a_prefix_window_that_starts_inside_a_doc_comment(ctx_at):
         ("javascript", "<|> * Gets the size.\n */\nfunction size() {}\n", "/**"),
         # ... and a block's header with a comment after its colon
         ("python", "import sys\n<|>    import msvcrt\n", "if sys.platform == 'win32':  # pragma: no cover"),
+        # several lines: a comment, a bracket or a block they open and the code line goes on with
+        ("javascript", "<|> * @returns {number}\n */\nfunction size() {}\n", "/**\n * Gets the size.\n *"),
+        ("javascript", "<|>  'every': f,\n};\n", "module.exports = {\n  'countBy': g,\n  'each': h,"),
+        ("javascript", "<|>    c = require('./c');\n", "var a = require('./a'),\n    b = require('./b'),"),
+        ("python", "<|>    return x\n", 'def f(x):\n    """Identity."""'),
+        ("python", "<|>        return 1\n", "class A:\n    def f(self):"),
     ],
 )
 def test_lines_above_a_code_line_that_continues_them_keep_their_column(ctx_at, language, src, line):
+    """From column 0 a candidate left of the code line below it is moved right unless it leads into it."""
     ctx, _ = ctx_at(src, language)
     assert ctx.span.name == "line_above"
     assert postprocess(line + "\n", ctx) == line + "\n" + ctx.line_prefix
@@ -350,6 +357,16 @@ def test_lines_above_a_code_line_that_continues_them_keep_their_column(ctx_at, l
 def test_a_header_broken_over_lines_opens_its_block_from_its_first_line(ctx_at, src, indent):
     ctx, _ = ctx_at(src, "python")
     assert ctx.indent == indent
+
+
+def test_a_docstring_quote_in_the_suffix_is_not_taken_for_the_candidate_typing_it_again(ctx_at):
+    """A lone triple quote (or `}`) opens as often as it closes: the candidate's docstring opener is not
+    the suffix's closer, unless the line after it matches too."""
+    ctx, _ = ctx_at('x = 1\n\n\n<|>    """\n    __slots__ = ()\n', "python")
+    candidate = 'class Frame:\n    """\n    Frame of a traceback.\n'
+    assert postprocess(candidate, ctx) == candidate + ctx.line_prefix
+    ctx, _ = ctx_at('def f():\n    """Doc.\n    <|>\n    """\n    return 1\n', "python")
+    assert postprocess('More.\n    """\n    return 1', ctx) == "More."
 
 
 def test_continuation_lines_do_not_set_the_indent_step():
