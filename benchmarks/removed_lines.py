@@ -1,8 +1,9 @@
 """What the editor pipeline leaves of a right line at a line start, over whole held-out files.
 
-Every code line of every held-out file (up to `--max-chars`) is taken out of its file, either whole (the
-cursor then sits at column 0 of the next line, HumanEval-infilling's shape, `line_above`) or emptied (the
-cursor on the blank line left behind, `empty_line`), and fed back as the only candidate through
+Every code line of every held-out file (up to `--max-chars`; with `--lines K`, every run of K lines in one
+block) is taken out of its file, either whole (the cursor then sits at column 0 of the next line,
+HumanEval-infilling's shape, `line_above`) or emptied (the cursor on the blank line left behind,
+`empty_line`), and fed back as the only candidate through
 post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first candidate goes.
 A perfect model's line is then shown as it was, or moved, cut or dropped by the pipeline: each failure
 here is a fault every model's right answers meet. No model runs; the figures are deterministic.
@@ -27,24 +28,32 @@ from dg_lsp.context.ranking import rank_candidates
 LINE_START = {"line_above", "empty_line", "function_body"}
 
 
-def cursors(source: str):
-    """(shape, line, document without it, cursor) for every code line of `source`."""
+def _lead(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def cursors(source: str, k: int = 1):
+    """(shape, removed text, document without it, cursor) for every run of `k` code lines of `source` that
+    stays in the block of its first line (none to its left, no blank line): the stop rules end a
+    completion at a blank line or where it leaves the cursor's block, by design."""
     lines = source.split("\n")
-    for i, line in enumerate(lines[:-1]):
-        if not line.strip():
+    for i in range(len(lines) - k):
+        run = lines[i : i + k]
+        if any(not ln.strip() for ln in run) or min(map(_lead, run)) < _lead(run[0]):
             continue
+        removed = "\n".join(run)
         before = "".join(ln + "\n" for ln in lines[:i])
-        after = "\n".join(lines[i + 1 :])
-        if lines[i + 1].strip():  # else the cursor would sit on a blank line: the emptied shape
-            yield "removed", line, before + after, len(before)
-        yield "emptied", line, before + "\n" + after, len(before)
+        after = "\n".join(lines[i + k :])
+        if lines[i + k].strip():  # else the cursor would sit on a blank line: the emptied shape
+            yield "removed", removed, before + after, len(before)
+        yield "emptied", removed, before + "\n" + after, len(before)
 
 
 def language_of(doc: dict) -> str:
     return "typescript" if doc["path"].endswith(".ts") else doc["lang"]
 
 
-def run(corpus: Path, max_chars: int) -> tuple[dict, list[dict]]:
+def run(corpus: Path, max_chars: int, k: int) -> tuple[dict, list[dict]]:
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
     for raw in (corpus / "valid.jsonl").open():
@@ -52,7 +61,7 @@ def run(corpus: Path, max_chars: int) -> tuple[dict, list[dict]]:
         source, language = doc["text"], language_of(doc)
         if len(source) > max_chars:
             continue
-        for shape, line, text, cursor in cursors(source):
+        for shape, line, text, cursor in cursors(source, k):
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
             if ctx.span.name not in LINE_START:
@@ -100,13 +109,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--max-chars", type=int, default=20_000, help="skip longer files (time: every line)")
+    ap.add_argument("--lines", type=int, default=1, help="remove runs of this many lines (one block's)")
     ap.add_argument("--compare", type=Path, help="an earlier run's removed_lines.json, shown beside this one")
     ap.add_argument("--out", type=Path, required=True, help="a folder for removed_lines.md/.json/.png")
     args = ap.parse_args()
     if not (args.corpus / "valid.jsonl").exists():
         sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
     start = time.perf_counter()
-    table, failures = run(args.corpus, args.max_chars)
+    table, failures = run(args.corpus, args.max_chars, args.lines)
     wall = time.perf_counter() - start
     lines, meta = header("A perfect model's line at line-start cursors of held-out files")
     tables = {"this run": table}
@@ -116,7 +126,8 @@ def main() -> None:
     lines += [
         __doc__.split("\n\n")[1].replace("\n", " "),
         "",
-        f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; wall {wall:.0f} s.",
+        f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; runs of {args.lines} "
+        f"line(s) taken out; wall {wall:.0f} s.",
         "",
         "| language / shape | cursors | " + " | ".join(f"shown as it was ({n})" for n in names) + " |",
         "| --- | --: | " + " | ".join("--:" for _ in names) + " |",
