@@ -19,6 +19,7 @@ TAB_WIDTH = 4
 _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
 _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
+_PLAN_LIMIT = 4096
 _TAIL_PUNCT = set(")]}\"'`;:,")
 _EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
 _GOES_ON = re.compile(r"([,\\+\-*/%&|^=<>?]|\band|\bor)\s*$")
@@ -268,6 +269,32 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     return text
 
 
+def bracket_plan(ctx: InfillContext) -> tuple[str, str, str]:
+    """(the prefix's open brackets the candidate may not close, those it may, the suffix's closers that
+    close something the candidate must open).
+
+    The candidate closes the innermost `c` of the brackets open at the cursor and opens some of its own;
+    the suffix's closers then close those (`u` of them), then the rest of the open ones, innermost first,
+    kind for kind (`r` of them); a document still being written may leave outer ones unclosed. The
+    reading that asks least of the candidate and leaves least unclosed wins: `function f(` typed above its
+    body's `}` leaves `(` to the candidate and `{` for it to open (`a, b) {`), where a count of closers
+    took the `}` for the `(`'s; `foo(|)` at the end of an unfinished file leaves the `)` to the suffix."""
+    opened, closers = ctx.open_brackets, ctx.suffix_closers
+    n, m = len(opened), len(closers)
+    if n * m > _PLAN_LIMIT:  # a broken document's hundreds of brackets: count them
+        c = max(n - m, 0)
+        return opened[: n - c], opened[n - c :], closers[: max(m - n, 0)]
+    best = (float("inf"), n, 0)
+    for c in range(n + 1):
+        rest = n - c
+        for r in range(min(rest, m), -1, -1):
+            u = m - r
+            if all(PAIR[closers[u + t]] == opened[rest - 1 - t] for t in range(r)):
+                best = min(best, (u + c + 1.5 * (rest - r), c, r))
+    _, c, r = best
+    return opened[: n - c], opened[n - c :], closers[: m - r]
+
+
 def _scan_brackets(text: str, ctx: InfillContext) -> tuple[int | None, list[str]]:
     """Where the candidate first closes more than it may (None: nowhere), and the openers it leaves open
     that are its own to close, outermost first.
@@ -275,9 +302,8 @@ def _scan_brackets(text: str, ctx: InfillContext) -> tuple[int | None, list[str]
     The suffix closes the brackets it closes last, so the candidate may close only the innermost others.
     On lines of their own it may also close one of the suffix's `{` when it opens one again before it ends:
     a `} else {` or `} catch (e) {` ends the block the cursor is in and starts the one whose `}` is below."""
-    keep = len(ctx.open_brackets) - len(ctx.suffix_closers)
-    closable = ctx.open_brackets[len(ctx.open_brackets) - keep :] if keep > 0 else ""
-    theirs = list(ctx.open_brackets[: len(ctx.open_brackets) - len(closable)])
+    theirs_str, closable, _ = bracket_plan(ctx)
+    theirs = list(theirs_str)
     stack: list[str] = []
     owed: list[tuple[int, str]] = []  # the suffix's brackets the candidate closed, to be opened again
     for i, ch in bracket_events(text, ctx.language):
@@ -309,7 +335,7 @@ def balance(text: str, ctx: InfillContext, inside: str = "") -> str:
         cut, stack = _scan_brackets(text, ctx)
     # closers in the suffix that nothing in the prefix opened close the candidate's innermost openers
     # first (the user removed a line that opens a block and the block's end is still there)
-    for closer in ctx.suffix_closers[: max(len(ctx.suffix_closers) - len(ctx.open_brackets), 0)]:
+    for closer in bracket_plan(ctx)[2]:
         if not stack or stack[-1] != PAIR[closer]:
             break
         stack.pop()

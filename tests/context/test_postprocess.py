@@ -43,6 +43,12 @@ CASES = [
     ("python", "pairs = [(1, 2), (3, <|>]\n", "4)", "4)"),
     ("javascript", "const o = { a: f(<|> };\n", "x)", "x)"),
     ("python", "def f(t: IO[byt<|>\n) -> None:\n", "es],", "es],"),
+    # ... and they close kind for kind: a `}` below closes the block the candidate opens, not the `(` typed
+    ("javascript", "function baseNth(<|>\n  return n;\n}\n", "array, n) {", "array, n) {"),
+    ("javascript", "function f(n) {\n  if (<|>\n    return 0;\n  }\n  return n;\n}\n", "!n) {", "!n) {"),
+    ("typescript", "function f(k: T) {\n  if (!s.<|>\n    s.add(k);\n  }\n}\n", "has(k)) {", "has(k)) {"),
+    # ... and in a file still being written, the `)` after the cursor is the call's, whatever is left open
+    ("javascript", "const config = {\n  items: [\n    foo(<|>)", "a, b)", "a, b"),
     ("javascript", "function f(a) {\n  <|>\n}\n", "if (a) {\n    b();", "if (a) {\n    b();\n  }"),
     ("javascript", "function f(a) {\n  <|>\n}\n", "const c = 1;\nif (a) {\n    b();", "const c = 1;"),
     (

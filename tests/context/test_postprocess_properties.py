@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from dg_lsp.context import build_context, postprocess
 from dg_lsp.context.brackets import leading_closers, unmatched_openers
+from dg_lsp.context.postprocess import bracket_plan
 
 from .conftest import split_cursor
 
@@ -42,9 +43,11 @@ def test_postprocess_invariants(language, src, candidate):
     assert all(line == line.rstrip() for line in out.split("\n")), "no trailing whitespace"
     if ctx.span.single_line:
         assert "\n" not in out
-    # never closes a bracket that the suffix already closes, unless it opens it again (`} else {`)
+    # never closes a bracket that the suffix already closes, unless it opens it again (`} else {`); the
+    # suffix closes the outermost open brackets kind for kind
     closes = leading_closers(out, language)
-    extra = len(closes) - max(len(ctx.open_brackets) - len(ctx.suffix_closers), 0)
+    theirs, _, _ = bracket_plan(ctx)
+    extra = len(closes) - (len(ctx.open_brackets) - len(theirs))
     if extra > 0:
         assert not ctx.span.single_line
         assert unmatched_openers(out, language).startswith("{" * extra)
