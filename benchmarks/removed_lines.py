@@ -1,12 +1,14 @@
-"""What the editor pipeline leaves of a right line at a line start, over whole held-out files.
+"""What the editor pipeline leaves of a right answer where users type, over whole held-out files.
 
-Every code line of every held-out file (up to `--max-chars`; with `--lines K`, every run of K lines in one
-block) is taken out of its file, either whole (the cursor then sits at column 0 of the next line,
-HumanEval-infilling's shape, `line_above`) or emptied (the cursor on the blank line left behind,
-`empty_line`), and fed back as the only candidate through
-post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first candidate goes.
-A perfect model's line is then shown as it was, or moved, cut or dropped by the pipeline: each failure
-here is a fault every model's right answers meet. No model runs; the figures are deterministic.
+Every code line of every held-out file (up to `--max-chars`) is taken out of its file, either whole (the
+cursor then sits at column 0 of the next line, HumanEval-infilling's shape, `line_above`) or emptied (the
+cursor on the blank line left behind, `empty_line`); with `--lines K` every run of K lines of one block;
+with `--rest-of-line N` the rest of the line at N token boundaries per file (after a space or
+punctuation: where a user typing the line is). What was taken out is fed back as the only candidate
+through post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first
+candidate goes. A perfect model's answer is then shown as it was, or moved, cut or dropped by the
+pipeline: each failure here is a fault every model's right answers meet. No model runs; the figures are
+deterministic.
 
     python benchmarks/removed_lines.py --out benchmarks/results/removed_lines/head
 """
@@ -15,7 +17,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
+import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -49,11 +54,31 @@ def cursors(source: str, k: int = 1):
         yield "emptied", removed, before + "\n" + after, len(before)
 
 
+_BOUNDARY = re.compile(r"[\s(\[{,.=:]+")
+
+
+def rest_of_line_cursors(source: str, per_file: int, seed: int = 1):
+    """("rest of line", the rest, document without it, cursor) at `per_file` token boundaries (after a space
+    or punctuation) inside code lines, drawn at random: where a user is typing a line."""
+    lines = source.split("\n")
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+    sites = [
+        (i, m.end())
+        for i, ln in enumerate(lines)
+        if ln.strip() and not ln.lstrip().startswith(("#", "//", "*", "/*", '"""'))
+        for m in _BOUNDARY.finditer(ln)
+        if ln[: m.end()].strip() and m.end() < len(ln)
+    ]
+    for i, col in random.Random(seed).sample(sites, min(per_file, len(sites))):
+        cut, end = starts[i] + col, starts[i] + len(lines[i])
+        yield "rest of line", source[cut:end], source[:cut] + source[end:], cut
+
+
 def language_of(doc: dict) -> str:
     return "typescript" if doc["path"].endswith(".ts") else doc["lang"]
 
 
-def run(corpus: Path, max_chars: int, k: int) -> tuple[dict, list[dict]]:
+def run(corpus: Path, max_chars: int, k: int, rest_of_line: int) -> tuple[dict, list[dict]]:
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
     for raw in (corpus / "valid.jsonl").open():
@@ -61,12 +86,14 @@ def run(corpus: Path, max_chars: int, k: int) -> tuple[dict, list[dict]]:
         source, language = doc["text"], language_of(doc)
         if len(source) > max_chars:
             continue
-        for shape, line, text, cursor in cursors(source, k):
+        sites = rest_of_line_cursors(source, rest_of_line) if rest_of_line else cursors(source, k)
+        for shape, line, text, cursor in sites:
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
-            if ctx.span.name not in LINE_START:
+            if not rest_of_line and ctx.span.name not in LINE_START:
                 continue  # inside brackets or strings: their own stop rules, not a whole line's
-            shown = rank_candidates([(line + "\n", 0.0)], ctx, snap)
+            candidate = line if rest_of_line else line + "\n"
+            shown = rank_candidates([(candidate, 0.0)], ctx, snap)
             ok = bool(shown) and (text[:cursor] + shown[0] + text[cursor:]).rstrip() == source.rstrip()
             counts[(language, shape)]["shown as it was" if ok else "moved, cut or dropped"] += 1
             if not ok:
@@ -110,13 +137,19 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--max-chars", type=int, default=20_000, help="skip longer files (time: every line)")
     ap.add_argument("--lines", type=int, default=1, help="remove runs of this many lines (one block's)")
+    ap.add_argument(
+        "--rest-of-line",
+        type=int,
+        default=0,
+        help="instead: this many token boundaries per file, the rest of the line",
+    )
     ap.add_argument("--compare", type=Path, help="an earlier run's removed_lines.json, shown beside this one")
     ap.add_argument("--out", type=Path, required=True, help="a folder for removed_lines.md/.json/.png")
     args = ap.parse_args()
     if not (args.corpus / "valid.jsonl").exists():
         sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
     start = time.perf_counter()
-    table, failures = run(args.corpus, args.max_chars, args.lines)
+    table, failures = run(args.corpus, args.max_chars, args.lines, args.rest_of_line)
     wall = time.perf_counter() - start
     lines, meta = header("A perfect model's line at line-start cursors of held-out files")
     tables = {"this run": table}
@@ -126,8 +159,13 @@ def main() -> None:
     lines += [
         __doc__.split("\n\n")[1].replace("\n", " "),
         "",
-        f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; runs of {args.lines} "
-        f"line(s) taken out; wall {wall:.0f} s.",
+        f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; "
+        + (
+            f"the rest of the line at {args.rest_of_line} token boundaries per file"
+            if args.rest_of_line
+            else f"runs of {args.lines} line(s) taken out"
+        )
+        + f"; wall {wall:.0f} s.",
         "",
         "| language / shape | cursors | " + " | ".join(f"shown as it was ({n})" for n in names) + " |",
         "| --- | --: | " + " | ".join("--:" for _ in names) + " |",
