@@ -20,6 +20,7 @@ _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\
 _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _PLAN_LIMIT = 4096
+_CLOSERS_ONLY = re.compile(r"[\s)\]};,]+")
 _TAIL_PUNCT = set(")]}\"'`;:,")
 _EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
 _GOES_ON = re.compile(r"([,\\+\-*/%&|^=<>?]|\band|\bor)\s*$")
@@ -275,12 +276,14 @@ def bracket_plan(ctx: InfillContext) -> tuple[str, str, str]:
 
     The candidate closes the innermost `c` of the brackets open at the cursor and opens some of its own;
     the suffix's closers then close those (`u` of them), then the rest of the open ones, innermost first,
-    kind for kind (`r` of them); a document still being written may leave outer ones unclosed. The
+    kind for kind (`r` of them); a file being written at its end may leave outer ones unclosed. The
     reading that asks least of the candidate and leaves least unclosed wins: `function f(` typed above its
     body's `}` leaves `(` to the candidate and `{` for it to open (`a, b) {`), where a count of closers
     took the `}` for the `(`'s; `foo(|)` at the end of an unfinished file leaves the `)` to the suffix."""
     opened, closers = ctx.open_brackets, ctx.suffix_closers
     n, m = len(opened), len(closers)
+    # brackets no one closes: only where the file ends after the cursor's closers (it is being written)
+    unclosed_cost = 1.5 if not ctx.suffix_cut and not _CLOSERS_ONLY.sub("", ctx.suffix) else 10.0
     if n * m > _PLAN_LIMIT:  # a broken document's hundreds of brackets: count them
         c = max(n - m, 0)
         return opened[: n - c], opened[n - c :], closers[: max(m - n, 0)]
@@ -290,7 +293,7 @@ def bracket_plan(ctx: InfillContext) -> tuple[str, str, str]:
         for r in range(min(rest, m), -1, -1):
             u = m - r
             if all(PAIR[closers[u + t]] == opened[rest - 1 - t] for t in range(r)):
-                best = min(best, (u + c + 1.5 * (rest - r), c, r))
+                best = min(best, (u + c + unclosed_cost * (rest - r), c, r))
     _, c, r = best
     return opened[: n - c], opened[n - c :], closers[: m - r]
 
@@ -300,8 +303,9 @@ def _scan_brackets(text: str, ctx: InfillContext) -> tuple[int | None, list[str]
     that are its own to close, outermost first.
 
     The suffix closes the brackets it closes last, so the candidate may close only the innermost others.
-    On lines of their own it may also close one of the suffix's `{` when it opens one again before it ends:
-    a `} else {` or `} catch (e) {` ends the block the cursor is in and starts the one whose `}` is below."""
+    It may also close one of the suffix's when it opens the same kind again before it ends: a `} else {` or
+    `} catch (e) {` ends the block the cursor is in and starts the one whose `}` is below, `item) => (`
+    ends the parameters and starts the arrow's body, whose `)` is below."""
     theirs_str, closable, _ = bracket_plan(ctx)
     theirs = list(theirs_str)
     stack: list[str] = []
@@ -316,7 +320,7 @@ def _scan_brackets(text: str, ctx: InfillContext) -> tuple[int | None, list[str]
             stack.pop()
         elif not stack and closable and closable[-1] == PAIR[ch]:
             closable = closable[:-1]
-        elif not stack and ch == "}" and not ctx.span.single_line and theirs and theirs[-1] == "{":
+        elif not stack and theirs and theirs[-1] == PAIR[ch]:
             owed.append((i, theirs.pop()))
         else:
             return (owed[0][0] if owed else i), stack

@@ -143,7 +143,14 @@ CASES = [
     ),
     # (an else branch left for the user to write: the `}` below closes it)
     ("javascript", "function f(a) {\n  if (a) {\n    <|>\n  }\n}\n", "b();\n  } else {", "b();\n  } else {"),
-    ("javascript", "if (a) { f(<|>); }\n", "x); } else { g(", "x"),  # one line: nothing borrowed
+    ("javascript", "if (a) { f(<|>); }\n", "x); }", "x"),
+    # ... on one line too: the parameters' `)`, then the arrow body's `(` whose `)` is below
+    (
+        "tsx",
+        "const l = (\n  <ul>\n    {xs.map((<|>\n      <li>{x}</li>\n    ))}\n  </ul>\n);\n",
+        "x) => (",
+        "x) => (",
+    ),
     (
         "typescript",
         "function len(s: string): number {\n  <|>\n}\n",

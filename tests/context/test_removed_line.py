@@ -11,6 +11,8 @@ indent a C++ namespace's body and the members after ` public:` as if they were b
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dg_lsp.context import build_context, parse_snapshot
@@ -47,4 +49,38 @@ def test_a_removed_line_written_back_is_shown_as_it_was(language):
         if not shown or (doc[:cursor] + shown[0] + doc[cursor:]).rstrip() != source.rstrip():
             wrong.append((shape, ctx.span.name, line, shown[:1]))
     assert checked >= 5
+    assert not wrong, wrong
+
+
+_BOUNDARY = re.compile(r"[\s(\[{,.=:]+")
+
+
+def _rest_of_line_cursors(source: str):
+    start = 0
+    for line in source.split("\n"):
+        code = line.strip() and not line.lstrip().startswith(("#", "//", "*", "/*", "--"))
+        for m in _BOUNDARY.finditer(line) if code else ():
+            if line[: m.end()].strip() and m.end() < len(line):
+                cut, end = start + m.end(), start + len(line)
+                yield source[cut:end], source[:cut] + source[end:], cut
+        start += len(line) + 1
+
+
+@pytest.mark.parametrize("language", list(PROGRAMS))
+def test_the_rest_of_a_line_written_back_is_shown_as_it_was(language):
+    """The user has typed a line up to a token boundary (`function baseNth(`, `if (!s.`, `xs.map((`); the
+    rest of it comes back whole: it used to lose the `) {` a `}` further down was taken to close, and
+    the `) => (` whose `(` closes below."""
+    source = PROGRAMS[language]
+    checked, wrong = 0, []
+    for rest, doc, cursor in _rest_of_line_cursors(source):
+        snap = parse_snapshot(doc, language)
+        ctx = build_context(snap, cursor, language=language)
+        if ctx.span.name in ("string", "docstring"):
+            continue  # prose up to the closing quote: a docstring typed without it is not closed (known)
+        checked += 1
+        shown = rank_candidates([(rest, 0.0)], ctx, snap)
+        if shown[:1] != [rest]:
+            wrong.append((ctx.span.name, doc[:cursor].rsplit("\n", 1)[-1] + "<|>", rest, shown[:1]))
+    assert checked >= 10
     assert not wrong, wrong
