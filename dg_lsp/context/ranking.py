@@ -36,17 +36,25 @@ def rank_candidates(
     trims, deadline = MAX_TRIMS, time.perf_counter() + TRIM_BUDGET_S
     for index, (raw, logprob) in enumerate(candidates):
         text = postprocess(raw, ctx)
-        if text is None or text in seen:
+        if text is not None and text in seen:
             continue
-        seen.add(text)
         if not checked:
-            scored.append((False, 0, -logprob, index, text))
+            if text is not None and text not in seen:
+                seen.add(text)
+                scored.append((False, 0, -logprob, index, text))
             continue
-        judged = verdict(snap, ctx.cursor_offset, ctx.end_offset, text)
-        if judged.ok:
-            scored.append((False, judged.new_errors, -logprob, index, text))
+        best = None
+        for option in (text, _with_closing_quote(raw, text or "", ctx)):
+            if option is None or option in seen:
+                continue
+            seen.add(option)
+            judged = verdict(snap, ctx.cursor_offset, ctx.end_offset, option)
+            if judged.ok and (best is None or judged.new_errors < best[0]):
+                best = (judged.new_errors, option)
+        if best is not None:
+            scored.append((False, best[0], -logprob, index, best[1]))
             continue
-        for shorter in _line_prefixes(raw, text, ctx):
+        for shorter in _line_prefixes(raw, text, ctx) if text is not None else ():
             if trims <= 0 or time.perf_counter() > deadline:
                 break
             if shorter in seen:
@@ -71,3 +79,24 @@ def _line_prefixes(raw: str, text: str, ctx: InfillContext):
         shorter = postprocess("\n".join(lines[:k]) + "\n", ctx)
         if shorter is not None and shorter.strip() and len(shorter) < len(text):
             yield shorter
+
+
+def _with_closing_quote(raw: str, text: str, ctx: InfillContext) -> str | None:
+    """The candidate through the closing quote it wrote and the rest of that line, where the quote stop
+    cut them off.
+
+    A string typed without its closing quote yet (a docstring's first words, a shell string that may span
+    lines) reads, to the parser, as running on to the next such quote in the file or to its end: the cut
+    candidate leaves it open. Kept when the closing quote fixes the file's syntax errors; where the
+    document closes the string further down, it would break it instead."""
+    quote = ctx.span.quote
+    if ctx.span.stop != "quote" or not quote:
+        return None
+    end = raw.find(quote)
+    if end < 0:
+        return None
+    line_end = raw.find("\n", end)
+    closed = raw[: len(raw) if line_end < 0 else line_end]
+    closed = "\n".join(line.rstrip() for line in closed.split("\n"))
+    head = "\n".join(line.rstrip() for line in raw[:end].split("\n")).rstrip()
+    return closed if head == text.rstrip() else None

@@ -181,3 +181,15 @@ def test_find_syntax_errors_in_a_range():
     local = find_syntax_errors(snap, second, second + 20)
     assert local and len(local) < len(everything)
     assert all(i.end >= second and i.start <= second + 20 for i in local)
+
+
+def test_a_string_s_closing_quote_is_kept_only_where_the_document_does_not_close_it():
+    q = "'" * 3
+    typed = f"def mean(xs):\n    {q}Running <|>\n    return sum(xs) / len(xs)\n"
+    closed = f"def mean(xs):\n    {q}Running <|>\n\n    More.\n    {q}\n    return sum(xs) / len(xs)\n"
+    for src, shown in ((typed, f"mean.{q}"), (closed, "mean.")):
+        text, offset = split_cursor(src)
+        snap = parse_snapshot(text, "python")
+        ctx = build_context(snap, offset)
+        assert ctx.span.stop == "quote"
+        assert rank_candidates([(f"mean.{q}\n    return 1", -0.1)], ctx, snap) == [shown]
