@@ -8,6 +8,7 @@ enclosing function, or repeat themselves. Each step below removes one such failu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from dg_lsp.context.brackets import CLOSE_FOR, CLOSERS, OPENERS, PAIR, bracket_events, unmatched_openers
@@ -19,7 +20,7 @@ TAB_WIDTH = 4
 _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
 _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
-_PLAN_LIMIT = 4096
+_PLAN_LIMIT = 1024
 _CLOSERS_ONLY = re.compile(r"[\s)\]};,]+")
 _TAIL_PUNCT = set(")]}\"'`;:,")
 _EMPTY_PAIRS = re.compile(r"^(\(\)|\[\]|\{\})+;?$")
@@ -280,10 +281,14 @@ def bracket_plan(ctx: InfillContext) -> tuple[str, str, str]:
     reading that asks least of the candidate and leaves least unclosed wins: `function f(` typed above its
     body's `}` leaves `(` to the candidate and `{` for it to open (`a, b) {`), where a count of closers
     took the `}` for the `(`'s; `foo(|)` at the end of an unfinished file leaves the `)` to the suffix."""
-    opened, closers = ctx.open_brackets, ctx.suffix_closers
-    n, m = len(opened), len(closers)
     # brackets no one closes: only where the file ends after the cursor's closers (it is being written)
     unclosed_cost = 1.5 if not ctx.suffix_cut and not _CLOSERS_ONLY.sub("", ctx.suffix) else 10.0
+    return _plan(ctx.open_brackets, ctx.suffix_closers, unclosed_cost)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(opened: str, closers: str, unclosed_cost: float) -> tuple[str, str, str]:
+    n, m = len(opened), len(closers)
     if n * m > _PLAN_LIMIT:  # a broken document's hundreds of brackets: count them
         c = max(n - m, 0)
         return opened[: n - c], opened[n - c :], closers[: max(m - n, 0)]
