@@ -28,9 +28,8 @@ from pathlib import Path
 from common import ROOT, header
 
 from dg_lsp.context import build_context, parse_snapshot
+from dg_lsp.context.builder import LINE_START_KINDS
 from dg_lsp.context.ranking import rank_candidates
-
-LINE_START = {"line_above", "empty_line", "function_body"}
 
 
 def _lead(line: str) -> int:
@@ -57,19 +56,27 @@ def cursors(source: str, k: int = 1):
 _BOUNDARY = re.compile(r"[\s(\[{,.=:]+")
 
 
-def rest_of_line_cursors(source: str, per_file: int, seed: int = 1):
-    """("rest of line", the rest, document without it, cursor) at `per_file` token boundaries (after a space
-    or punctuation) inside code lines, drawn at random: where a user is typing a line."""
+def rest_of_line_cursors(
+    source: str,
+    per_file: int | None = None,
+    seed: int = 1,
+    skip: tuple[str, ...] = ("#", "//", "*", "/*", '"""'),
+):
+    """("rest of line", the rest, document without it, cursor) at token boundaries (after a space or
+    punctuation) inside code lines, not those starting with `skip`: where a user is typing a line.
+    `per_file` of them drawn at random, or every one in order."""
     lines = source.split("\n")
     starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
     sites = [
         (i, m.end())
         for i, ln in enumerate(lines)
-        if ln.strip() and not ln.lstrip().startswith(("#", "//", "*", "/*", '"""'))
+        if ln.strip() and not ln.lstrip().startswith(skip)
         for m in _BOUNDARY.finditer(ln)
         if ln[: m.end()].strip() and m.end() < len(ln)
     ]
-    for i, col in random.Random(seed).sample(sites, min(per_file, len(sites))):
+    if per_file is not None:
+        sites = random.Random(seed).sample(sites, min(per_file, len(sites)))
+    for i, col in sites:
         cut, end = starts[i] + col, starts[i] + len(lines[i])
         yield "rest of line", source[cut:end], source[:cut] + source[end:], cut
 
@@ -90,7 +97,7 @@ def run(corpus: Path, max_chars: int, k: int, rest_of_line: int) -> tuple[dict, 
         for shape, line, text, cursor in sites:
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
-            if not rest_of_line and ctx.span.name not in LINE_START:
+            if not rest_of_line and ctx.span.name not in LINE_START_KINDS:
                 continue  # inside brackets or strings: their own stop rules, not a whole line's
             candidate = line if rest_of_line else line + "\n"
             shown = rank_candidates([(candidate, 0.0)], ctx, snap)

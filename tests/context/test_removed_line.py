@@ -11,38 +11,30 @@ indent a C++ namespace's body and the members after ` public:` as if they were b
 
 from __future__ import annotations
 
-import re
+import sys
+from pathlib import Path
 
 import pytest
 
 from dg_lsp.context import build_context, parse_snapshot
+from dg_lsp.context.builder import LINE_START_KINDS
 from dg_lsp.context.ranking import rank_candidates
 
 from .snippets import PROGRAMS
 
-LINE_START = {"line_above", "empty_line", "function_body"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-
-def _cursors(source: str):
-    lines = source.split("\n")
-    for i, line in enumerate(lines[:-1]):
-        if not line.strip():
-            continue
-        before = "".join(ln + "\n" for ln in lines[:i])
-        after = "\n".join(lines[i + 1 :])
-        if lines[i + 1].strip():  # else the cursor would sit on a blank line: the emptied shape
-            yield "removed", line, before + after, len(before)
-        yield "emptied", line, before + "\n" + after, len(before)
+from removed_lines import cursors, rest_of_line_cursors  # the benchmark's cursors, on these programs
 
 
 @pytest.mark.parametrize("language", list(PROGRAMS))
 def test_a_removed_line_written_back_is_shown_as_it_was(language):
     source = PROGRAMS[language]
     checked, wrong = 0, []
-    for shape, line, doc, cursor in _cursors(source):
+    for shape, line, doc, cursor in cursors(source):
         snap = parse_snapshot(doc, language)
         ctx = build_context(snap, cursor, language=language)
-        if ctx.span.name not in LINE_START:
+        if ctx.span.name not in LINE_START_KINDS:
             continue  # inside brackets or strings: their own stop rules, not a whole line's
         checked += 1
         shown = rank_candidates([(line + "\n", 0.0)], ctx, snap)
@@ -50,20 +42,6 @@ def test_a_removed_line_written_back_is_shown_as_it_was(language):
             wrong.append((shape, ctx.span.name, line, shown[:1]))
     assert checked >= 5
     assert not wrong, wrong
-
-
-_BOUNDARY = re.compile(r"[\s(\[{,.=:]+")
-
-
-def _rest_of_line_cursors(source: str):
-    start = 0
-    for line in source.split("\n"):
-        code = line.strip() and not line.lstrip().startswith(("#", "//", "*", "/*", "--"))
-        for m in _BOUNDARY.finditer(line) if code else ():
-            if line[: m.end()].strip() and m.end() < len(line):
-                cut, end = start + m.end(), start + len(line)
-                yield source[cut:end], source[:cut] + source[end:], cut
-        start += len(line) + 1
 
 
 @pytest.mark.parametrize("language", list(PROGRAMS))
@@ -74,7 +52,7 @@ def test_the_rest_of_a_line_written_back_is_shown_as_it_was(language):
     closed yet, ran on to the next quote in the file)."""
     source = PROGRAMS[language]
     checked, wrong = 0, []
-    for rest, doc, cursor in _rest_of_line_cursors(source):
+    for _, rest, doc, cursor in rest_of_line_cursors(source, skip=("#", "//", "*", "/*", "--")):
         snap = parse_snapshot(doc, language)
         ctx = build_context(snap, cursor, language=language)
         checked += 1
