@@ -122,19 +122,13 @@ def leading_closers(text: str, language: str | None) -> str:
     return "".join(out)
 
 
-def open_quote(line: str, language: str | None) -> str:
-    """The quote a string left open at the end of `line` started with ('' when none, in a comment, or in
-    code between an f-string's or template literal's braces).
+def open_string(line: str, language: str | None) -> tuple[str, int]:
+    """The quote a string left open at the end of `line` started with ('' when none, or in a comment), and
+    how many f-string or template braces are open inside that string there (`f"{x.` is code in a string:
+    ('"', 1)).
 
     For unterminated strings, where tree-sitter has only an ERROR node to offer.
     """
-    quote, depth = open_string(line, language)
-    return "" if depth else quote
-
-
-def open_string(line: str, language: str | None) -> tuple[str, int]:
-    """`open_quote`, and how many f-string or template braces are open inside that string at the line's
-    end (`f"{x.` is code in a string: ('"', 1))."""
     line_comments = _LINE_COMMENT.get(language or "", ("//", "#"))
     i, n = 0, len(line)
     while i < n:

@@ -177,24 +177,24 @@ def test_plain_text_has_line_kinds():
 
 
 @pytest.mark.parametrize(
-    ("line", "language", "quote"),
+    ("line", "language", "opened"),
     [
-        ("x = 'ab", "python", "'"),
-        ("name = f'{user.", "python", ""),  # code inside an f-string
-        ("name = f'{user.name} is ", "python", "'"),
-        ("x = f'{{literal", "python", "'"),
-        ('    """Summary', "python", '"""'),
-        ("s = `a ${b.", "javascript", ""),
-        ('x = "a\\"b', "c", '"'),
-        ("fn f<'a>(x: &'a str) { let s = \"ab", "rust", '"'),  # lifetimes are not quotes
-        ("echo it's # done", "bash", "'"),
-        ("x = 1  # it's", "python", ""),  # in a comment
+        ("x = 'ab", "python", ("'", 0)),
+        ("name = f'{user.", "python", ("'", 1)),  # code inside an f-string
+        ("name = f'{user.name} is ", "python", ("'", 0)),
+        ("x = f'{{literal", "python", ("'", 0)),
+        ('    """Summary', "python", ('"""', 0)),
+        ("s = `a ${b.", "javascript", ("`", 1)),
+        ('x = "a\\"b', "c", ('"', 0)),
+        ("fn f<'a>(x: &'a str) { let s = \"ab", "rust", ('"', 0)),  # lifetimes are not quotes
+        ("echo it's # done", "bash", ("'", 0)),
+        ("x = 1  # it's", "python", ("", 0)),  # in a comment
     ],
 )
-def test_open_quote(line, language, quote):
-    from dg_lsp.context.brackets import open_quote
+def test_open_string(line, language, opened):
+    from dg_lsp.context.brackets import open_string
 
-    assert open_quote(line, language) == quote
+    assert open_string(line, language) == opened
 
 
 @pytest.mark.parametrize(
