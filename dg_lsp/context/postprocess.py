@@ -31,6 +31,11 @@ _CONTINUES = re.compile(r"^\s*(else|elif|except|finally)\b")
 _CONTINUES_BRACED = re.compile(r"^\s*(\}\s*(else|catch|finally)\b.*\{|(else|elseif|elif)\b.*)$")
 """`} else {`, `} else if (x) {`, `} catch (e) {`, Lua's and the shell's `else` / `elseif` / `elif`: the end
 of one branch and the start of the next."""
+_COMMENT_LINE = re.compile(r"^\s*(#|//|/\*|\*|--)")
+_DEFINITION = re.compile(
+    r"^\s*(@|(async\s+)?def\b|class\b|(export\s+)?(async\s+)?function\b|func\b|(pub\s+)?fn\b)"
+)
+"""A line that starts a definition: what follows it is not the previous block's code."""
 
 
 def _ws_width(ws: str) -> int:
@@ -110,11 +115,50 @@ def _dedent_floor(text: str, ctx: InfillContext) -> int:
     `else:` above the else branch's body, after the if branch's header or body), so there the floor is
     the least of the code line's, the previous code line's and the candidate's first line's indentation."""
     target = _ws_width(ctx.indent)
+    if ctx.span.name == "empty_line" and not ctx.line_prefix.strip():
+        return _gap_floor(ctx, target)
     if ctx.span.name != "line_above" or ctx.line_prefix:
         return target
     prev = next((ln for ln in reversed(ctx.prefix.split("\n")) if ln.strip()), "")
     first = next((ln for ln in text.split("\n") if ln.strip()), "")
     return min(target, _ws_width(_lead(prev)), _ws_width(_lead(first)))
+
+
+def _gap_floor(ctx: InfillContext, target: int) -> int:
+    """On a blank line at the end of a block, the lines going in may leave it for the block the code
+    below sits in: they go between the two, where the code after the gap would be.
+
+    The code below is the first code line after the cursor's. A line that closes a block (`}`, `else:`)
+    or starts a definition (`def`, a decorator) keeps the lines inside the block it ends; the others let
+    them down to their own column. With no code below, at the end of a Python file, the lines may go on
+    with the body of the function the cursor is in (the function's last lines), never past it.
+    """
+    unit = _ws_width(ctx.indent_unit) or TAB_WIDTH
+    for line in ctx.suffix.split("\n")[1:]:
+        if not line.strip() or _COMMENT_LINE.match(line):
+            continue
+        width = _ws_width(_lead(line))
+        if width >= target:
+            return target
+        if _CLOSING_LINE.match(line) or _CONTINUES.match(line) or _CONTINUES_BRACED.match(line):
+            return min(target, width + unit)
+        if _DEFINITION.match(line):
+            return min(target, width + unit)
+        return width
+    if ctx.suffix_cut or ctx.language not in INDENT_BLOCKS:
+        return target
+    lowest = target
+    for line in reversed(ctx.prefix.split("\n")):
+        if not line.strip() or _COMMENT_LINE.match(line):
+            continue
+        width = _ws_width(_lead(line))
+        if width < lowest:
+            if _DEFINITION.match(line) and not line.lstrip().startswith(("@", "class")):
+                return min(target, width + unit)
+            lowest = width
+            if width == 0:
+                break
+    return target
 
 
 def _own_column(lines: list[str], anchor: int, target: int, ctx: InfillContext) -> bool:
@@ -229,29 +273,39 @@ def _stutters(unit: str) -> bool:
     return len(set(unit)) > 1 and not all(c in _HEX for c in unit)
 
 
-def _suffix_lines(ctx: InfillContext, n: int = 3) -> list[str]:
+def _suffix_lines(ctx: InfillContext, n: int = 3) -> list[tuple[int, str]]:
+    """The first `n` code lines after the cursor's line: (column, stripped text)."""
     out = []
     for line in ctx.suffix.split("\n")[1:]:
         if line.strip():
-            out.append(line.strip())
+            out.append((_ws_width(_lead(line)), line.strip()))
             if len(out) == n:
                 break
     return out
 
 
 def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
-    """Drop the part of the candidate that re-types what follows the cursor."""
+    """Drop the part of the candidate that re-types what follows the cursor.
+
+    In Python a line's column is part of its meaning: the same text at another column is another
+    statement (`return False` in the branch above, then again after it), not the next line re-typed.
+    """
     lines = text.split("\n")
     following = _suffix_lines(ctx)
     above = ctx.span.name == "line_above"
     if above:  # the code after the cursor is the next line once these lines go in above it
-        following = [ctx.line_suffix.strip(), *following]
+        code_line = _ws_width(_lead(ctx.line_prefix + ctx.line_suffix))
+        following = [(code_line, ctx.line_suffix.strip()), *following]
+    columns = ctx.language in INDENT_BLOCKS
     for i in range(0 if above else 1, len(lines)) if following else ():
-        if lines[i].strip() != following[0]:
+        if lines[i].strip() != following[0][1]:
             continue
-        if _TRIVIAL_LINE.match(following[0]) or following[0] in ('"""', "'''"):
+        column = _ws_width(_lead(ctx.line_prefix + lines[i] if i == 0 else lines[i]))
+        if columns and column != following[0][0]:
+            continue
+        if _TRIVIAL_LINE.match(following[0][1]) or following[0][1] in ('"""', "'''"):
             # a lone closer or docstring quote opens as often as it closes: only with the line after it
-            if len(following) < 2 or i + 1 >= len(lines) or lines[i + 1].strip() != following[1]:
+            if len(following) < 2 or i + 1 >= len(lines) or lines[i + 1].strip() != following[1][1]:
                 continue
         lines = lines[:i]
         break

@@ -388,3 +388,40 @@ def test_continuation_lines_do_not_set_the_indent_step():
     assert indent_unit(js, len(js), "javascript") == "  "
     # no step shown at all: the language's usual one
     assert indent_unit("var a = require('a'),\n    b = 1;\n", 0, "javascript") == "  "
+
+
+GAP_FUNCTION = "def f(xs):\n    out = []\n    for x in xs:\n        out.append(x)\n        <|>\n"
+
+
+@pytest.mark.parametrize(
+    ("below", "candidate", "expected"),
+    [
+        # the code below sits at the function's body: the lines may end the loop and go on before it
+        ("    return out\n", "out.append(-x)\n    out.sort()", "out.append(-x)\n    out.sort()"),
+        # ... but not leave the function
+        ("    return out\n", "out.append(-x)\nprint(f)", "out.append(-x)"),
+        # at the end of the file: the function's last lines, never a new top-level statement
+        ("", "out.append(-x)\n    return out", "out.append(-x)\n    return out"),
+        ("", "out.append(-x)\n    return out\nprint(f([1]))", "out.append(-x)\n    return out"),
+        # an `else:` below closes the loop's block: the lines stay in it
+        ("    else:\n        pass\n", "out.append(-x)\n    out.sort()", "out.append(-x)"),
+        # a definition below starts something new: the lines stay in the loop
+        ("\n\ndef g():\n    pass\n", "out.append(-x)\nprint(1)", "out.append(-x)"),
+    ],
+)
+def test_lines_on_a_blank_line_at_a_block_end_may_go_down_to_the_code_below(
+    ctx_at, below, candidate, expected
+):
+    ctx, _ = ctx_at(GAP_FUNCTION + below, "python")
+    assert ctx.span.name == "empty_line"
+    assert postprocess(candidate, ctx) == expected
+
+
+def test_a_deeper_python_line_is_not_the_suffix_retyped(ctx_at):
+    src = "def f(xs):\n    if not xs:\n<|>        return False\n    return True\n"
+    ctx, _ = ctx_at(src, "python")
+    # `return False` one block deeper than the code line is the candidate's own branch, not that line
+    candidate = "    for x in xs:\n        if x:\n            return False\n    if len(xs) > 3:\n"
+    assert postprocess(candidate, ctx) == candidate
+    # at the code line's column it is that line, typed again
+    assert postprocess("    if xs[0]:\n        return False\n", ctx) == "    if xs[0]:\n"
