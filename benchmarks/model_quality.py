@@ -316,9 +316,11 @@ class ReferenceEngine:
         from dg_lsp.engine.types import Candidate, InfillResult, InfillStats
 
         text = self.middle.split("\n", 1)[0] if request.single_line else self.middle
-        ids = self.tokenizer.encode(text, add_special_tokens=False)[: request.max_tokens]
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        stopped = len(ids) <= request.max_tokens  # a perfect model ends where the reference does
+        ids = ids[: request.max_tokens]
         text = self.tokenizer.decode(ids)
-        return InfillResult([Candidate(text)], InfillStats(generated_tokens=len(ids)))
+        return InfillResult([Candidate(text, stopped=stopped)], InfillStats(generated_tokens=len(ids)))
 
     def warmup(self) -> None:
         pass

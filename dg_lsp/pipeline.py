@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dg_lsp import context
-from dg_lsp.engine.types import InfillEngine, InfillRequest, InfillStats, ShouldCancel
+from dg_lsp.engine.types import InfillEngine, InfillRequest, InfillStats, ShouldCancel, ended_by_model
 from dg_lsp.settings import Settings
 
 
@@ -81,7 +81,12 @@ def complete(
         return out
     result = engine.infill(request, should_cancel)
     out.stats = result.stats
-    ranked = context.rank_candidates([(c.text, c.mean_logprob) for c in result.candidates], ctx, snapshot)
+    ranked = context.rank_candidates(
+        [(c.text, c.mean_logprob) for c in result.candidates],
+        ctx,
+        snapshot,
+        stopped=[ended_by_model(c, request.max_tokens) for c in result.candidates],
+    )
     out.texts = ranked
     if not ranked:
         out.skipped = "every candidate was rejected by post-processing or the syntax check"

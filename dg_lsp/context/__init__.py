@@ -12,7 +12,8 @@ Typical flow (server thread edits, worker thread reads an immutable snapshot)::
     ctx = build_context(snap, offset)              # or end_offset=... to replace a range
     if ctx.span.enabled:
         request = ctx.to_request(num_candidates=4)
-        texts = rank_candidates([(c.text, c.mean_logprob) for c in result.candidates], ctx, snap)
+        stopped = [ended_by_model(c, request.max_tokens) for c in result.candidates]
+        texts = rank_candidates([(c.text, c.mean_logprob) for c in result.candidates], ctx, snap, stopped)
 
 `find_syntax_errors(snap)` and `find_placeholders(snap)` feed the "Repair syntax error" and "Fill
 placeholder" code actions; each issue/placeholder carries the range to pass as `end_offset`.

@@ -427,8 +427,9 @@ def _recalls_closed_call(text: str, ctx: InfillContext) -> bool:
     return bool(_EMPTY_PAIRS.match(body)) and ctx.line_prefix.rstrip().endswith(body[:2])
 
 
-def postprocess(candidate: str, ctx: InfillContext) -> str | None:
-    """The candidate ready to insert at the cursor, or None to drop it."""
+def postprocess(candidate: str, ctx: InfillContext, stopped: bool = False) -> str | None:
+    """The candidate ready to insert at the cursor, or None to drop it. `stopped`: the model ended the
+    span itself (`ended_by_model`), so a blank line inside it is its own, not a run past the span's end."""
     text = candidate.replace("\r\n", "\n").replace("\r", "\n")
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     if ctx.span.name == "line_above":
@@ -443,7 +444,10 @@ def postprocess(candidate: str, ctx: InfillContext) -> str | None:
     if span.stop == "quote":
         text = _cut_at_quote(text, span.quote)
     if span.stop == "blank_line":
-        text = _cut_at_blank_line(text.lstrip("\n") if not ctx.line_prefix.strip() else text)
+        if not ctx.line_prefix.strip():
+            text = text.lstrip("\n")
+        if not stopped:
+            text = _cut_at_blank_line(text)
     if not span.single_line and not span.prose:
         text = reindent(text, ctx)
         if span.stop in ("dedent", "blank_line"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from dg_lsp.context.builder import InfillContext, as_snapshot
 from dg_lsp.context.documents import DocumentSnapshot
@@ -19,6 +20,7 @@ def rank_candidates(
     candidates: list[tuple[str, float]],
     ctx: InfillContext,
     snapshot: DocumentSnapshot | str | None,
+    stopped: Sequence[bool] = (),
 ) -> list[str]:
     """Post-processed, de-duplicated candidates that add no syntax error, best first.
 
@@ -28,14 +30,17 @@ def rank_candidates(
 
     A multi-line candidate the check rejects is often a right answer cut short: the canvas ended inside
     a block (`if p % k == 0:` with its body not written) or before the code that leads back to the suffix's
-    column. Its longest run of whole lines that does parse is shown instead of nothing."""
+    column. Its longest run of whole lines that does parse is shown instead of nothing.
+
+    `stopped[i]`: candidate i ends where its model stopped (`ended_by_model`); missing: it may have run on."""
     snap = as_snapshot(snapshot, ctx.language) if snapshot is not None else None
     checked = snap is not None and snap.tree is not None
     seen: set[str] = set()
     scored: list[tuple[bool, int, float, int, str]] = []
     trims, deadline = MAX_TRIMS, time.perf_counter() + TRIM_BUDGET_S
     for index, (raw, logprob) in enumerate(candidates):
-        text = postprocess(raw, ctx)
+        ended = index < len(stopped) and stopped[index]
+        text = postprocess(raw, ctx, ended)
         if text is not None and text in seen:
             continue
         if not checked:
@@ -54,7 +59,7 @@ def rank_candidates(
         if best is not None:
             scored.append((False, best[0], -logprob, index, best[1]))
             continue
-        for shorter in _line_prefixes(raw, text, ctx) if text is not None else ():
+        for shorter in _line_prefixes(raw, text, ctx, ended) if text is not None else ():
             if trims <= 0 or time.perf_counter() > deadline:
                 break
             if shorter in seen:
@@ -69,14 +74,14 @@ def rank_candidates(
     return [text for *_, text in scored]
 
 
-def _line_prefixes(raw: str, text: str, ctx: InfillContext):
+def _line_prefixes(raw: str, text: str, ctx: InfillContext, stopped: bool):
     """`raw` cut after each of its lines, longest first, cleaned as a whole candidate is (never a line the
     cleaned text lacks)."""
     if ctx.span.single_line or "\n" not in text.strip("\n"):
         return
     lines = raw.split("\n")
     for k in range(len(lines) - 1, 0, -1):
-        shorter = postprocess("\n".join(lines[:k]) + "\n", ctx)
+        shorter = postprocess("\n".join(lines[:k]) + "\n", ctx, stopped)
         if shorter is not None and shorter.strip() and len(shorter) < len(text):
             yield shorter
 

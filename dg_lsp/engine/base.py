@@ -225,7 +225,8 @@ class LocalEngine:
         rest = self.continuations.lookup(request.doc_key, request.prefix, request.suffix)
         if rest is None:
             return None
-        return InfillResult([Candidate(text=t) for t in rest[: max(1, request.num_candidates)]],
+        # the rest of a shown suggestion ends where that suggestion did
+        return InfillResult([Candidate(text=t, stopped=True) for t in rest[: max(1, request.num_candidates)]],
                             InfillStats(cache_hit=True))  # fmt: skip
 
     def shown(self, request: InfillRequest, candidates: list[Candidate]) -> None:

@@ -276,7 +276,9 @@ class RemoteEngine:
                 raise RemoteError("the engine's answer has a choice without text")
             score = choice.get("mean_logprob")
             score = float(score) if isinstance(score, int | float) and not isinstance(score, bool) else 0.0
-            cands.append(Candidate(text=choice["text"], mean_logprob=score))
+            finish = choice.get("finish_reason")
+            stopped = finish == "stop" if finish in ("stop", "length") else None
+            cands.append(Candidate(text=choice["text"], mean_logprob=score, stopped=stopped))
         raw_stats = (data.get("dg_lsp") or {}).get("stats") if isinstance(data.get("dg_lsp"), dict) else None
         if isinstance(raw_stats, dict):
             stats = InfillStats(**{k: v for k, v in raw_stats.items() if k in _STATS_FIELDS})

@@ -53,6 +53,19 @@ class Candidate:
     mean_logprob: float = 0.0
     token_ids: list[int] | None = field(default=None, repr=False)
     """The generated ids behind `text`, when the engine has them (tests and debugging)."""
+    stopped: bool | None = None
+    """The model ended the span itself; None: as the length of `token_ids` says (see `ended_by_model`)."""
+
+
+def ended_by_model(candidate: Candidate, max_tokens: int) -> bool:
+    """Whether the model ended the span with a stop token rather than running out of canvas.
+
+    A model that stops by itself has said where its span ends: post-processing need not guess an end
+    where a canvas filled to the brim may run on (a blank line). Without ids or a word from the engine,
+    the candidate may have run on."""
+    if candidate.stopped is not None:
+        return candidate.stopped
+    return candidate.token_ids is not None and len(candidate.token_ids) < max_tokens
 
 
 @dataclass

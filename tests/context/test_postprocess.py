@@ -425,3 +425,26 @@ def test_a_deeper_python_line_is_not_the_suffix_retyped(ctx_at):
     assert postprocess(candidate, ctx) == candidate
     # at the code line's column it is that line, typed again
     assert postprocess("    if xs[0]:\n        return False\n", ctx) == "    if xs[0]:\n"
+
+
+def test_a_blank_line_ends_a_candidate_only_where_the_model_may_have_run_on(ctx_at):
+    src = "def f(xs):\n    if not xs:\n        return []\n<|>\n    return out\n"
+    ctx, snap = ctx_at(src, "python")
+    assert ctx.span.name == "empty_line"
+    candidate = "    out = []\n\n    for x in xs:\n        out.append(x)\n"
+    # a canvas filled to its end may have run past the span: the blank line is where it ends
+    assert postprocess(candidate, ctx) == "    out = []"
+    # a model that stopped by itself wrote the blank line and what follows as one span
+    assert postprocess(candidate, ctx, stopped=True) == candidate.rstrip()
+    assert rank_candidates([(candidate, 0.0)], ctx, snap, stopped=[True]) == [candidate.rstrip()]
+    assert rank_candidates([(candidate, 0.0)], ctx, snap) == ["    out = []"]
+
+
+def test_a_candidate_ended_by_its_model_is_one_shorter_than_its_canvas():
+    from dg_lsp.engine.types import Candidate, ended_by_model
+
+    assert ended_by_model(Candidate("x", token_ids=[1, 2]), max_tokens=3)
+    assert not ended_by_model(Candidate("x", token_ids=[1, 2, 3]), max_tokens=3)  # it may have gone on
+    assert not ended_by_model(Candidate("x"), max_tokens=3)  # no ids, no word from the engine
+    assert ended_by_model(Candidate("x", stopped=True), max_tokens=3)
+    assert not ended_by_model(Candidate("x", token_ids=[1], stopped=False), max_tokens=3)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse
 
 from dg_lsp.engine.loader import ModelLoadError, load_engine
 from dg_lsp.engine.remote import RemoteEngine, RemoteError, api_key_env
-from dg_lsp.engine.types import Cancelled, InfillRequest
+from dg_lsp.engine.types import Cancelled, InfillRequest, ended_by_model
 from dg_lsp.settings import Settings
 from dg_lsp.team.local import InProcessServer
 
@@ -49,6 +49,9 @@ def test_remote_equals_local(dg_engine, served):
     assert [c.text for c in remote.candidates] == [c.text for c in local.candidates]
     assert [c.mean_logprob for c in remote.candidates] == [c.mean_logprob for c in local.candidates]
     assert remote.stats.forward_passes == local.stats.forward_passes == 3
+    # the server's finish_reason says whether each candidate ended where its model stopped
+    ended = [[ended_by_model(c, request.max_tokens) for c in r.candidates] for r in (remote, local)]
+    assert ended[0] == ended[1]
     client.warmup()
 
 
@@ -210,6 +213,7 @@ def test_a_hosted_fim_server_gets_the_plain_body_the_locally_named_key_and_retri
         assert client.describe()["api"] == "FIM" and secret not in str(client.describe())
         result = client.infill(InfillRequest(PREFIX, SUFFIX, max_tokens=8, single_line=True, doc_key="d"))
         assert result.best == "a + b"
+        assert ended_by_model(result.candidates[0], 8)  # finish_reason "stop", though it has no ids
         # A redirect would carry the code and the key to a server nobody named.
         moved = RemoteEngine(url + "/elsewhere/v1/fim/completions", check=False)
         with pytest.raises(RemoteError, match="redirect"):
