@@ -4,7 +4,9 @@ Every code line of every held-out file (up to `--max-chars`) is taken out of its
 cursor then sits at column 0 of the next line, HumanEval-infilling's shape, `line_above`) or emptied (the
 cursor on the blank line left behind, `empty_line`); with `--lines K` every run of K lines of one block;
 with `--rest-of-line N` the rest of the line at N token boundaries per file (after a space or
-punctuation: where a user typing the line is). What was taken out is fed back as the only candidate
+punctuation: where a user typing the line is); with `--bodies N` the body of every function of at most N
+lines, blank lines and all, after its docstring (the cursor on the body's first line, at its indentation,
+as after Enter at the end of the signature). What was taken out is fed back as the only candidate
 through post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first
 candidate goes. A perfect model's answer is then shown as it was, or moved, cut or dropped by the
 pipeline: each failure here is a fault every model's right answers meet. No model runs; the figures are
@@ -81,11 +83,58 @@ def rest_of_line_cursors(
         yield "rest of line", source[cut:end], source[:cut] + source[end:], cut
 
 
+FUNCTIONS = {
+    "python": {"function_definition"},
+    "javascript": {"function_declaration", "function_expression", "method_definition", "arrow_function",
+                   "generator_function_declaration"},
+}  # fmt: skip
+FUNCTIONS["typescript"] = FUNCTIONS["javascript"]
+
+
+def body_cursors(source: str, language: str, max_lines: int):
+    """("body", the body, document without it, cursor) for every function whose statements after its
+    docstring fill at most `max_lines` lines of their own: the cursor on an otherwise empty line at the
+    body's indentation, where the user asks for the body."""
+    tree = parse_snapshot(source, language).tree
+    if tree is None:
+        return
+    lines = source.split("\n")
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        body = node.child_by_field_name("body") if node.type in FUNCTIONS.get(language, ()) else None
+        if body is None or body.type not in ("block", "statement_block"):
+            continue
+        statements = list(body.named_children)
+        if statements and statements[0].type == "expression_statement" and statements[0].named_children:
+            if statements[0].named_children[0].type == "string":
+                statements = statements[1:]  # the docstring stays: the user wrote it
+        if not statements:
+            continue
+        top, bottom = statements[0].start_point[0], statements[-1].end_point[0]
+        if bottom - top + 1 > max_lines or top == node.start_point[0]:
+            continue
+        if language != "python" and body.end_point[0] == bottom:
+            continue  # the closing brace shares the last statement's line
+        indent = lines[top][: _lead(lines[top])]
+        if statements[0].start_point[1] != len(indent.encode()):
+            continue  # the body does not start its line
+        cut, end = starts[top] + len(indent), starts[bottom] + len(lines[bottom])
+        yield "body", source[cut:end], source[:cut] + source[end:], cut
+
+
 def language_of(doc: dict) -> str:
     return "typescript" if doc["path"].endswith(".ts") else doc["lang"]
 
 
-def run(corpus: Path, max_chars: int, k: int, rest_of_line: int) -> tuple[dict, list[dict]]:
+def _lines(text: str) -> str:
+    """Trailing spaces are not part of the answer: post-processing strips them on every line."""
+    return "\n".join(line.rstrip() for line in text.rstrip().split("\n"))
+
+
+def run(corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0) -> tuple[dict, list[dict]]:
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
     for raw in (corpus / "valid.jsonl").open():
@@ -93,15 +142,20 @@ def run(corpus: Path, max_chars: int, k: int, rest_of_line: int) -> tuple[dict, 
         source, language = doc["text"], language_of(doc)
         if len(source) > max_chars:
             continue
-        sites = rest_of_line_cursors(source, rest_of_line) if rest_of_line else cursors(source, k)
+        if bodies:
+            sites = body_cursors(source, language, bodies)
+        elif rest_of_line:
+            sites = rest_of_line_cursors(source, rest_of_line)
+        else:
+            sites = cursors(source, k)
         for shape, line, text, cursor in sites:
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
-            if not rest_of_line and ctx.span.name not in LINE_START_KINDS:
+            if not (rest_of_line or bodies) and ctx.span.name not in LINE_START_KINDS:
                 continue  # inside brackets or strings: their own stop rules, not a whole line's
-            candidate = line if rest_of_line else line + "\n"
-            shown = rank_candidates([(candidate, 0.0)], ctx, snap)
-            ok = bool(shown) and (text[:cursor] + shown[0] + text[cursor:]).rstrip() == source.rstrip()
+            candidate = line if rest_of_line or bodies else line + "\n"
+            shown = rank_candidates([(candidate, 0.0)], ctx, snap, stopped=[True])  # ends where it should
+            ok = bool(shown) and _lines(text[:cursor] + shown[0] + text[cursor:]) == _lines(source)
             counts[(language, shape)]["shown as it was" if ok else "moved, cut or dropped"] += 1
             if not ok:
                 where = {"file": doc["path"], "shape": shape, "span": ctx.span.name}
@@ -150,13 +204,19 @@ def main() -> None:
         default=0,
         help="instead: this many token boundaries per file, the rest of the line",
     )
+    ap.add_argument(
+        "--bodies",
+        type=int,
+        default=0,
+        help="instead: the body of every function of at most this many lines",
+    )
     ap.add_argument("--compare", type=Path, help="an earlier run's removed_lines.json, shown beside this one")
     ap.add_argument("--out", type=Path, required=True, help="a folder for removed_lines.md/.json/.png")
     args = ap.parse_args()
     if not (args.corpus / "valid.jsonl").exists():
         sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
     start = time.perf_counter()
-    table, failures = run(args.corpus, args.max_chars, args.lines, args.rest_of_line)
+    table, failures = run(args.corpus, args.max_chars, args.lines, args.rest_of_line, args.bodies)
     wall = time.perf_counter() - start
     lines, meta = header("A perfect model's line at line-start cursors of held-out files")
     tables = {"this run": table}
@@ -168,7 +228,9 @@ def main() -> None:
         "",
         f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; "
         + (
-            f"the rest of the line at {args.rest_of_line} token boundaries per file"
+            f"function bodies of at most {args.bodies} lines taken out"
+            if args.bodies
+            else f"the rest of the line at {args.rest_of_line} token boundaries per file"
             if args.rest_of_line
             else f"runs of {args.lines} line(s) taken out"
         )

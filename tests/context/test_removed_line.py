@@ -24,7 +24,12 @@ from .snippets import PROGRAMS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from removed_lines import cursors, rest_of_line_cursors  # the benchmark's cursors, on these programs
+from removed_lines import (  # the benchmark's cursors, on these programs
+    FUNCTIONS,
+    body_cursors,
+    cursors,
+    rest_of_line_cursors,
+)
 
 
 @pytest.mark.parametrize("language", list(PROGRAMS))
@@ -60,4 +65,21 @@ def test_the_rest_of_a_line_written_back_is_shown_as_it_was(language):
         if shown[:1] != [rest]:
             wrong.append((ctx.span.name, doc[:cursor].rsplit("\n", 1)[-1] + "<|>", rest, shown[:1]))
     assert checked >= 10
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("language", sorted(FUNCTIONS))
+def test_a_function_body_written_back_is_shown_as_it_was(language):
+    """The user has written a signature (and docstring) and asks for the body on the line below: the
+    body, as its model stopped after it, comes back whole."""
+    source = PROGRAMS[language]
+    checked, wrong = 0, []
+    for _, body, doc, cursor in body_cursors(source, language, max_lines=20):
+        snap = parse_snapshot(doc, language)
+        ctx = build_context(snap, cursor, language=language)
+        checked += 1
+        shown = rank_candidates([(body, 0.0)], ctx, snap, stopped=[True])
+        if shown[:1] != ["\n".join(line.rstrip() for line in body.split("\n"))]:
+            wrong.append((ctx.span.name, body, shown[:1]))
+    assert checked >= 2
     assert not wrong, wrong
