@@ -106,16 +106,23 @@ DEFAULT_UNIT = {"go": "\t", "javascript": "  ", "typescript": "  ", "tsx": "  "}
 """Where the document shows no step: gofmt's tab; two spaces, as Prettier and most JS/TS styles write."""
 
 
+_GOES_ON_FROM = re.compile(r"^([?:.,+*/%=<>|&)\]}]|-(?!-)|and\b|or\b)")
+"""A line that starts by going on with the statement above it (`? a : b`, `.then(`, `&& x`)."""
+
+
 def _indent_steps(lines: list[tuple[str, str]]) -> tuple[Counter[int], Counter[int]]:
     """Steps into a deeper line after a line that opens a block, and after any line: a continuation line
-    is deeper than its statement by whatever aligns it, so those count only where nothing else shows."""
+    is deeper than its statement by whatever aligns it, so those count only where nothing else shows.
+
+    A deeper line that goes on with a statement is a continuation even after an opener: the block's first
+    statement, broken over lines, where a blank line (or a removed one) hides the statement's start."""
     block: Counter[int] = Counter()
     every: Counter[int] = Counter()
-    for (a, code), (b, _) in itertools.pairwise(lines):
+    for (a, code), (b, deeper) in itertools.pairwise(lines):
         step = len(b) - len(a)
         if 2 <= step <= 8:
             every[step] += 1
-            if OPENS_BLOCK.search(code):
+            if OPENS_BLOCK.search(code) and not _GOES_ON_FROM.match(deeper):
                 block[step] += 1
     return block, every
 

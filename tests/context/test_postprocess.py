@@ -388,6 +388,9 @@ def test_continuation_lines_do_not_set_the_indent_step():
     assert indent_unit(js, len(js), "javascript") == "  "
     # no step shown at all: the language's usual one
     assert indent_unit("var a = require('a'),\n    b = 1;\n", 0, "javascript") == "  "
+    # a block's first statement emptied: the line after the opener goes on with it, four in
+    lone = "function f(s) {\n\n    ? g(s)\n    : h(s);\n}\n"
+    assert indent_unit(lone, lone.index("\n\n") + 1, "javascript") == "  "
 
 
 GAP_FUNCTION = "def f(xs):\n    out = []\n    for x in xs:\n        out.append(x)\n        <|>\n"
