@@ -6,11 +6,12 @@ cursor on the blank line left behind, `empty_line`); with `--lines K` every run 
 with `--rest-of-line N` the rest of the line at N token boundaries per file (after a space or
 punctuation: where a user typing the line is); with `--bodies N` the body of every function of at most N
 lines, blank lines and all, after its docstring (the cursor on the body's first line, at its indentation,
-as after Enter at the end of the signature). What was taken out is fed back as the only candidate
-through post-processing and the tree-sitter check (`rank_candidates`), exactly as a model's first
-candidate goes. A perfect model's answer is then shown as it was, or moved, cut or dropped by the
-pipeline: each failure here is a fault every model's right answers meet. No model runs; the figures are
-deterministic.
+as after Enter at the end of the signature); with `--blocks N` the body of every block of at most N lines,
+the cursor at the end of its header (after the `:` or `{` just typed). What was taken out is fed back as
+the only candidate through post-processing and the tree-sitter check (`rank_candidates`), exactly as a
+model's first candidate goes. A perfect model's answer is then shown as it was, or moved, cut or dropped
+by the pipeline: each failure here is a fault every model's right answers meet. No model runs; the
+figures are deterministic.
 
     python benchmarks/removed_lines.py --out benchmarks/results/removed_lines/head
 """
@@ -125,6 +126,46 @@ def body_cursors(source: str, language: str, max_lines: int):
         yield "body", source[cut:end], source[:cut] + source[end:], cut
 
 
+def block_cursors(source: str, language: str, max_lines: int):
+    """("after header", the block's body, document without it, cursor) for every block (a function's, an
+    `if`'s, a loop's...) whose body fills at most `max_lines` lines of its own: the cursor at the end of the
+    header, after its `:` or `{`, where the user has just typed it (a `{` with its `}` closed by the editor
+    on the line below)."""
+    tree = parse_snapshot(source, language).tree
+    if tree is None or language not in FUNCTIONS:
+        return
+    data = source.encode()
+    lines = source.split("\n")
+    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        if node.type not in ("block", "statement_block") or not node.named_children:
+            continue
+        if language == "python":
+            colon = node.prev_sibling
+            if colon is None or colon.type != ":":
+                continue
+            header_end = colon.end_byte
+        else:
+            header_end = node.children[0].end_byte  # the `{`
+            if (
+                node.children[-1].type != "}"
+                or node.children[-1].start_point[0] == node.named_children[-1].end_point[0]
+            ):
+                continue
+        top, bottom = node.named_children[0].start_point[0], node.named_children[-1].end_point[0]
+        row = data[:header_end].count(b"\n")
+        if top <= row or bottom - top + 1 > max_lines:
+            continue
+        cursor = len(data[:header_end].decode())
+        if source[cursor : starts[row] + len(lines[row])].strip():
+            continue  # a comment after the header
+        end = starts[bottom] + len(lines[bottom])
+        yield "after header", source[cursor:end], source[:cursor] + source[end:], cursor
+
+
 def language_of(doc: dict) -> str:
     return "typescript" if doc["path"].endswith(".ts") else doc["lang"]
 
@@ -134,7 +175,9 @@ def _lines(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.rstrip().split("\n"))
 
 
-def run(corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0) -> tuple[dict, list[dict]]:
+def run(
+    corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0, blocks: int = 0
+) -> tuple[dict, list[dict]]:
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
     for raw in (corpus / "valid.jsonl").open():
@@ -142,7 +185,9 @@ def run(corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0
         source, language = doc["text"], language_of(doc)
         if len(source) > max_chars:
             continue
-        if bodies:
+        if blocks:
+            sites = block_cursors(source, language, blocks)
+        elif bodies:
             sites = body_cursors(source, language, bodies)
         elif rest_of_line:
             sites = rest_of_line_cursors(source, rest_of_line)
@@ -151,9 +196,9 @@ def run(corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0
         for shape, line, text, cursor in sites:
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
-            if not (rest_of_line or bodies) and ctx.span.name not in LINE_START_KINDS:
+            if not (rest_of_line or bodies or blocks) and ctx.span.name not in LINE_START_KINDS:
                 continue  # inside brackets or strings: their own stop rules, not a whole line's
-            candidate = line if rest_of_line or bodies else line + "\n"
+            candidate = line if rest_of_line or bodies or blocks else line + "\n"
             shown = rank_candidates([(candidate, 0.0)], ctx, snap, stopped=[True])  # ends where it should
             ok = bool(shown) and _lines(text[:cursor] + shown[0] + text[cursor:]) == _lines(source)
             counts[(language, shape)]["shown as it was" if ok else "moved, cut or dropped"] += 1
@@ -210,13 +255,21 @@ def main() -> None:
         default=0,
         help="instead: the body of every function of at most this many lines",
     )
+    ap.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="instead: the body of every block of at most this many lines, the cursor after its header",
+    )
     ap.add_argument("--compare", type=Path, help="an earlier run's removed_lines.json, shown beside this one")
     ap.add_argument("--out", type=Path, required=True, help="a folder for removed_lines.md/.json/.png")
     args = ap.parse_args()
     if not (args.corpus / "valid.jsonl").exists():
         sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
     start = time.perf_counter()
-    table, failures = run(args.corpus, args.max_chars, args.lines, args.rest_of_line, args.bodies)
+    table, failures = run(
+        args.corpus, args.max_chars, args.lines, args.rest_of_line, args.bodies, args.blocks
+    )
     wall = time.perf_counter() - start
     lines, meta = header("A perfect model's line at line-start cursors of held-out files")
     tables = {"this run": table}
@@ -228,7 +281,9 @@ def main() -> None:
         "",
         f"Held-out files of `{args.corpus.name}` up to {args.max_chars:,} characters; "
         + (
-            f"function bodies of at most {args.bodies} lines taken out"
+            f"block bodies of at most {args.blocks} lines taken out after their header"
+            if args.blocks
+            else f"function bodies of at most {args.bodies} lines taken out"
             if args.bodies
             else f"the rest of the line at {args.rest_of_line} token boundaries per file"
             if args.rest_of_line
