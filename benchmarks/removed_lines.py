@@ -2,7 +2,8 @@
 
 Every code line of every held-out file (up to `--max-chars`) is taken out of its file, either whole (the
 cursor then sits at column 0 of the next line, HumanEval-infilling's shape, `line_above`) or emptied (the
-cursor on the blank line left behind, `empty_line`); with `--lines K` every run of K lines of one block;
+cursor on the blank line left behind, `empty_line`); with `--lines K` every run of K lines of one block
+(`--blank-lines`: those with a blank line inside);
 with `--rest-of-line N` the rest of the line at N token boundaries per file (after a space or
 punctuation: where a user typing the line is); with `--bodies N` the body of every function of at most N
 lines, blank lines and all, after its docstring (the cursor on the body's first line, at its indentation,
@@ -39,14 +40,18 @@ def _lead(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
-def cursors(source: str, k: int = 1):
-    """(shape, removed text, document without it, cursor) for every run of `k` code lines of `source` that
-    stays in the block of its first line (none to its left, no blank line): the stop rules end a
-    completion at a blank line or where it leaves the cursor's block, by design."""
+def cursors(source: str, k: int = 1, blank: bool = False):
+    """(shape, removed text, document without it, cursor) for every run of `k` lines of `source` that
+    stays in the block of its first line (no code line to its left). Without `blank`, runs of code lines
+    only; with it, only runs with a blank line inside (not first or last): a model that stopped after such
+    a run keeps its blank lines; the stop rules end one that ran on at a blank line, by design."""
     lines = source.split("\n")
     for i in range(len(lines) - k):
         run = lines[i : i + k]
-        if any(not ln.strip() for ln in run) or min(map(_lead, run)) < _lead(run[0]):
+        code = [ln for ln in run if ln.strip()]
+        if blank and (len(code) == k or not run[0].strip() or not run[-1].strip()):
+            continue
+        if (not blank and len(code) < k) or min(map(_lead, code)) < _lead(run[0]):
             continue
         removed = "\n".join(run)
         before = "".join(ln + "\n" for ln in lines[:i])
@@ -176,7 +181,13 @@ def _lines(text: str) -> str:
 
 
 def run(
-    corpus: Path, max_chars: int, k: int, rest_of_line: int, bodies: int = 0, blocks: int = 0
+    corpus: Path,
+    max_chars: int,
+    k: int,
+    rest_of_line: int,
+    bodies: int = 0,
+    blocks: int = 0,
+    blank: bool = False,
 ) -> tuple[dict, list[dict]]:
     counts: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
     failures = []
@@ -192,7 +203,7 @@ def run(
         elif rest_of_line:
             sites = rest_of_line_cursors(source, rest_of_line)
         else:
-            sites = cursors(source, k)
+            sites = cursors(source, k, blank)
         for shape, line, text, cursor in sites:
             snap = parse_snapshot(text, language)
             ctx = build_context(snap, cursor, language=language)
@@ -243,6 +254,7 @@ def main() -> None:
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--max-chars", type=int, default=20_000, help="skip longer files (time: every line)")
     ap.add_argument("--lines", type=int, default=1, help="remove runs of this many lines (one block's)")
+    ap.add_argument("--blank-lines", action="store_true", help="only runs with a blank line inside")
     ap.add_argument(
         "--rest-of-line",
         type=int,
@@ -268,7 +280,7 @@ def main() -> None:
         sys.exit(f"no held-out corpus at {args.corpus}: see dg_lsp/training/README.md")
     start = time.perf_counter()
     table, failures = run(
-        args.corpus, args.max_chars, args.lines, args.rest_of_line, args.bodies, args.blocks
+        args.corpus, args.max_chars, args.lines, args.rest_of_line, args.bodies, args.blocks, args.blank_lines
     )
     wall = time.perf_counter() - start
     lines, meta = header("A perfect model's line at line-start cursors of held-out files")
@@ -287,6 +299,8 @@ def main() -> None:
             if args.bodies
             else f"the rest of the line at {args.rest_of_line} token boundaries per file"
             if args.rest_of_line
+            else f"runs of {args.lines} lines with a blank line inside taken out"
+            if args.blank_lines
             else f"runs of {args.lines} line(s) taken out"
         )
         + f"; wall {wall:.0f} s.",
