@@ -284,14 +284,24 @@ def _suffix_lines(ctx: InfillContext, n: int = 3) -> list[tuple[int, str]]:
     return out
 
 
+def _goes_its_own_way(after: list[str], following: list[tuple[int, str]]) -> bool:
+    """The candidate's lines after one that matches the suffix's next line are not the suffix's lines
+    after it: the match is the candidate's own statement."""
+    mine = [ln.strip() for ln in after if ln.strip()]
+    theirs = [text for _, text in following]
+    return bool(mine) and (not theirs or any(a != b for a, b in zip(mine, theirs, strict=False)))
+
+
 def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
     """Drop the part of the candidate that re-types what follows the cursor.
 
-    In Python a line's column is part of its meaning: the same text at another column is another
-    statement (`return False` in the branch above, then again after it), not the next line re-typed.
+    In Python a line's column is part of its meaning: the next line's text at another column that the
+    candidate goes on from with lines of its own is another statement (`for x in xs:` then its own body,
+    above the same loop one block deeper). Where the candidate ends there, or goes on with the next lines
+    too, it is those lines re-typed at the wrong column, as models often do.
     """
     lines = text.split("\n")
-    following = _suffix_lines(ctx)
+    following = _suffix_lines(ctx, 6)
     above = ctx.span.name == "line_above"
     if above:  # the code after the cursor is the next line once these lines go in above it
         code_line = _ws_width(_lead(ctx.line_prefix + ctx.line_suffix))
@@ -301,7 +311,7 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
         if lines[i].strip() != following[0][1]:
             continue
         column = _ws_width(_lead(ctx.line_prefix + lines[i] if i == 0 else lines[i]))
-        if columns and column != following[0][0]:
+        if columns and column != following[0][0] and _goes_its_own_way(lines[i + 1 :], following[1:]):
             continue
         if _TRIVIAL_LINE.match(following[0][1]) or following[0][1] in ('"""', "'''"):
             # a lone closer or docstring quote opens as often as it closes: only with the line after it

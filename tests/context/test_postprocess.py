@@ -428,6 +428,10 @@ def test_a_deeper_python_line_is_not_the_suffix_retyped(ctx_at):
     assert postprocess(candidate, ctx) == candidate
     # at the code line's column it is that line, typed again
     assert postprocess("    if xs[0]:\n        return False\n", ctx) == "    if xs[0]:\n"
+    # at another column, as the candidate's last line or going on with the lines below, too
+    assert postprocess("    if xs[0]:\n            return False\n", ctx) == "    if xs[0]:\n"
+    retyped = "    if xs[0]:\n            return False\n        return True\n"
+    assert postprocess(retyped, ctx) == "    if xs[0]:\n"
 
 
 def test_a_blank_line_ends_a_candidate_only_where_the_model_may_have_run_on(ctx_at):
