@@ -407,6 +407,7 @@ def _through_editor(engine, task: Task, language: str, args: dict) -> tuple[str,
         seed=0,
         num_candidates=args.get("candidates", 1),
         latency_budget_ms=0,
+        complete_comments=args.get("comments", False),
     )
     snapshot = context.as_snapshot(task.prefix + task.suffix, language)
     done = pipeline.complete(engine, snapshot, len(task.prefix), settings)
@@ -562,7 +563,8 @@ def _write_report(summaries: dict[str, Summary], args: argparse.Namespace, wall:
         "",
         f"Settings: prompt budget {args.prompt_tokens} tokens, max {args.max_tokens} new tokens, "
         f"at most {args.steps} denoising steps per canvas (diffusion), greedy (AR), seed 0, caches off, "
-        f"dtype setting `{args.dtype}`{', token healing off' if args.no_heal else ''}. "
+        f"dtype setting `{args.dtype}`{', token healing off' if args.no_heal else ''}"
+        f"{', completeComments on' if args.comments else ''}. "
         + (
             "Scored through the editor pipeline (`dg_lsp.pipeline`: window, span kind, post-processing, "
             f"syntax check; blank when every candidate was rejected), {args.candidates} candidate(s) "
@@ -640,6 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per model (the threads setting)")
     ap.add_argument("--corpus", type=Path, default=ROOT / "data/corpus")
     ap.add_argument("--spans", type=int, default=200)
+    ap.add_argument("--comments", action="store_true", help="the completeComments setting: on")
     ap.add_argument("--single-every", type=int, default=5)
     ap.add_argument("--multi-every", type=int, default=40)
     ap.add_argument("--light-every", type=int, default=1)
@@ -746,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
         "quantization": args.quantization,
         "threads": args.threads,
         "heal": not args.no_heal,
+        "comments": args.comments,
         "tasks_tokenizer": str(tokenized_by),
         "masked": {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.masked)},
     }

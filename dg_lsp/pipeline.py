@@ -76,7 +76,7 @@ def complete(
     ctx, request = plan(snapshot, offset, settings, end_offset, doc_key, invoked)
     span_end = offset if end_offset is None else end_offset
     out = Completion(start=offset, end=span_end, span_kind=ctx.span.name)
-    if not ctx.span.enabled:
+    if not ctx.span.enabled and not (ctx.span.name == "comment" and settings.complete_comments):
         out.skipped = f"span kind {ctx.span.name!r} is off"
         return out
     result = engine.infill(request, should_cancel)

@@ -87,6 +87,10 @@ class Settings:
     """Complete a partially typed word from its start: the engine takes the word back out of the prompt, so
     the model is not stuck on a token boundary mid-word (`self.ite` gave `self.ites[-1]`). Off saves about
     one pass per mid-word request (benchmarks/results/embedded_smollm2/token_healing/)."""
+    complete_comments: bool = False
+    """Complete inside comments too (the rest of the comment's line, as prose). Off by default: at 33
+    cursors inside comments of held-out files the embedded model finished the line as its author did twice
+    and its twin 3 times, about half as often as at code cursors (benchmarks/results/pipeline_ceiling/)."""
     threads: int = 1
     """torch threads for the model. One by default: on a busy machine (an editor, a build, the language
     servers) a second intra-op thread made a pass 3-7 times slower than one thread did."""

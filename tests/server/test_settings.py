@@ -6,6 +6,7 @@ user's config file, read safely.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -188,3 +189,22 @@ def test_only_the_checked_masked_setting_reaches_the_sampler():
     assert MaskedSamplerConfig.from_options(masked_options(Settings.merge({"buckets": [9]})[0])).buckets != (
         9,
     )
+
+
+def test_complete_comments_lets_the_model_write_inside_a_comment(tiny_model_dir):
+    """Off by default: a cursor inside a comment runs no model. `completeComments` runs it there."""
+    from dg_lsp import context, pipeline
+    from dg_lsp.engine.loader import load_engine
+
+    source = "def area(r):\n    # the area of a circle of radi\n    return 3.14159 * r * r\n"
+    offset = source.index("radi") + len("radi")
+    snapshot = context.as_snapshot(source, "python")
+    merged, errors = Settings.merge({"dgLsp": {"model": str(tiny_model_dir), "completeComments": True}})
+    assert errors == [] and merged.complete_comments
+    engine = load_engine(merged)
+    off = pipeline.complete(engine, snapshot, offset, Settings(model=str(tiny_model_dir), denoising_steps=2))
+    assert off.span_kind == "comment" and off.skipped == "span kind 'comment' is off"
+    assert off.stats.forward_passes == 0
+    on = pipeline.complete(engine, snapshot, offset, dataclasses.replace(merged, denoising_steps=2))
+    assert on.span_kind == "comment" and on.skipped != off.skipped  # shown, or every candidate rejected
+    assert on.stats.forward_passes >= 1

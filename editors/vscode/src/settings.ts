@@ -25,6 +25,7 @@ export const SERVER_SETTINGS: Readonly<Record<string, SettingKind>> = Object.fre
     trustRemoteCode: 'boolean',
     seed: 'count',
     tokenHealing: 'boolean',
+    completeComments: 'boolean',
     threads: 'count',
 });
 
