@@ -438,10 +438,12 @@ class BatchedMasked:
         cands = []
         for b in range(j.rows):
             assert j.final is not None
-            new = sampler.trim_at_stop(j.final[b].tolist(), eng.stop_ids | {eng.mask_id})
-            new = new[: j.request.max_tokens]
+            row = j.final[b].tolist()
+            new = sampler.trim_at_stop(row, eng.stop_ids | {eng.mask_id})[: j.request.max_tokens]
+            stopped = sampler.stopped_at(row, len(new), eng.stop_ids)
             score = float(j.logp_sum[b] / j.logp_n[b]) if j.logp_n[b] > 0 else 0.0
-            cands.append(Candidate(eng.tokenizer.decode(new, skip_special_tokens=True), score, new))
+            text = eng.tokenizer.decode(new, skip_special_tokens=True)
+            cands.append(Candidate(text, score, new, stopped))
             j.stats.generated_tokens = max(j.stats.generated_tokens, len(new))
         j.stats.total_ms = (time.perf_counter() - j.t0) * 1000
         ranked = rank_candidates(cands, j.request.syntax_ok)[: j.rows]

@@ -670,12 +670,12 @@ class MaskedDiffusionEngine(LocalEngine):
                     break
         cands = []
         for b in range(batch):
-            new = sampler.trim_at_stop(x[b, span].tolist(), self.stop_ids | {self.mask_id})[
-                : request.max_tokens
-            ]
+            row = x[b, span].tolist()
+            new = sampler.trim_at_stop(row, self.stop_ids | {self.mask_id})[: request.max_tokens]
+            stopped = sampler.stopped_at(row, len(new), self.stop_ids)
             text = self.tokenizer.decode(new, skip_special_tokens=True)
             score = float(logp_sum[b] / logp_n[b]) if logp_n[b] > 0 else 0.0
-            cands.append(Candidate(text=text, mean_logprob=score, token_ids=new))
+            cands.append(Candidate(text=text, mean_logprob=score, token_ids=new, stopped=stopped))
             stats.generated_tokens = max(stats.generated_tokens, len(new))
         return cands
 

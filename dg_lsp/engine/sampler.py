@@ -246,6 +246,12 @@ def trim_at_stop(ids: Sequence[int], stop_ids: Sequence[int] | set[int]) -> list
     return out
 
 
+def stopped_at(ids: Sequence[int], kept: int, stop_ids: Sequence[int] | set[int]) -> bool:
+    """Whether the `kept` first tokens of a canvas end where the model put a stop token, rather than at a
+    mask left when decoding was cut short or at the canvas's end (`ended_by_model`)."""
+    return kept < len(ids) and int(ids[kept]) in set(stop_ids)
+
+
 def mean_logprob(logits: torch.Tensor, ids: torch.Tensor) -> float:
     """Mean log-probability of `ids` (length n) under `logits` (n, vocab); the ranking score."""
     if ids.numel() == 0:

@@ -74,6 +74,7 @@ def test_batched_masked_equals_unbatched(masked_engine):
     assert runner.forwards <= 12 + 12 + 8
     for a, b in zip(alone, together, strict=True):
         assert [c.text for c in a.candidates] == [c.text for c in b.candidates]
+        assert [c.stopped for c in a.candidates] == [c.stopped for c in b.candidates]
         assert [c.mean_logprob for c in a.candidates] == pytest.approx(
             [c.mean_logprob for c in b.candidates], abs=1e-4
         )

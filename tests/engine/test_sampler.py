@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -122,3 +123,30 @@ def test_leftmost_confidence_ranks_by_position_only():
     masked = torch.tensor([[False, True, True, True, True], [True, True, False, True, True]])
     chosen = sampler.select_commits(conf, masked, 2)
     assert chosen.tolist() == [[False, True, True, False, False], [True, True, False, False, False]]
+
+
+def test_a_canvas_stopped_where_a_stop_token_follows_what_is_kept():
+    eos, mask = 0, 99
+    assert sampler.stopped_at([5, 6, eos, eos], kept=2, stop_ids={eos})
+    assert not sampler.stopped_at([5, 6, mask, mask], kept=2, stop_ids={eos})  # decoding was cut short
+    assert not sampler.stopped_at([5, 6, 7], kept=3, stop_ids={eos})  # ran to the canvas's end
+    assert not sampler.stopped_at([5, 6, 7, eos], kept=2, stop_ids={eos})  # cut at max_tokens, not stopped
+
+
+def test_masked_candidates_say_whether_their_model_stopped(tiny_masked_dir):
+    """The tiny model as it is never writes a stop token; with its stop token's logit raised it stops after
+    the one token it must write."""
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+    from dg_lsp.engine.types import InfillRequest, ended_by_model
+
+    runs = MaskedDiffusionEngine(tiny_masked_dir), MaskedDiffusionEngine(tiny_masked_dir)
+    with torch.no_grad():
+        runs[1].model.get_output_embeddings().bias[min(runs[1].stop_ids)] += 50.0
+    for stops, engine in enumerate(runs):
+        for seed, max_tokens in itertools.product(range(2), (4, 16)):
+            prompt = "def add(a, b):\n    return "
+            request = InfillRequest(prompt, "\n", max_tokens=max_tokens, seed=seed, steps=4)
+            for c in engine.infill(request).candidates:
+                assert c.stopped == bool(stops) and ended_by_model(c, max_tokens) == c.stopped
+                # no deadline, so every mask was committed: only a stop token ends a canvas early
+                assert len(c.token_ids) < max_tokens if c.stopped else len(c.token_ids) == max_tokens
