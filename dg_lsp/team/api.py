@@ -115,7 +115,8 @@ def fim_response(
         if body.stops() == ["\n"] or "\n" in body.stops():
             text, nl = cut_at_stops(text, ["\n"])
             stopped = stopped or nl
-        finish = "stop" if stopped or n_tokens < body.max_tokens else "length"
+        ended = cand.stopped if cand.stopped is not None else n_tokens < body.max_tokens  # the model stopped
+        finish = "stop" if stopped or ended else "length"
         choices.append({"index": i, "text": text, "finish_reason": finish, "mean_logprob": cand.mean_logprob})
     completion = result.stats.generated_tokens
     prompt = result.stats.prompt_tokens if prompt_tokens is None else prompt_tokens

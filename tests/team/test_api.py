@@ -77,6 +77,11 @@ def test_answers_cut_at_stops_and_say_why_they_ended():
     assert answer["usage"] == {"prompt_tokens": 9, "completion_tokens": 16, "total_tokens": 25}
     full = fim_response(result, FimRequest.model_validate(GOOD), "dg-lsp", "cmpl-2")
     assert full["choices"][0]["finish_reason"] == "length" and full["choices"][0]["text"] == "x + 1\ny"
+    # an engine's own word wins over the count: a canvas cut short by a deadline did not stop
+    short = Candidate("x", -0.9, [1], stopped=False)
+    whole = Candidate("x + 1\ny", 0.0, list(range(16)), stopped=True)
+    answer = fim_response(InfillResult([short, whole]), FimRequest.model_validate(GOOD), "m", "c")
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length", "stop"]
 
 
 def test_the_client_sends_extras_only_to_a_dg_lsp_server():
