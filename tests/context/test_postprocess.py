@@ -420,6 +420,12 @@ def test_lines_on_a_blank_line_at_a_block_end_may_go_down_to_the_code_below(
     assert postprocess(candidate, ctx) == expected
 
 
+def test_a_closing_brace_below_keeps_the_lines_in_the_block_it_ends(ctx_at):
+    ctx, _ = ctx_at("function f(xs) {\n  if (xs) {\n    a();\n    <|>\n  }\n  b();\n}\n", "javascript")
+    assert ctx.span.name == "empty_line"
+    assert postprocess("c();\n  d();", ctx) == "c();"
+
+
 def test_a_deeper_python_line_is_not_the_suffix_retyped(ctx_at):
     src = "def f(xs):\n    if not xs:\n<|>        return False\n    return True\n"
     ctx, _ = ctx_at(src, "python")
@@ -447,7 +453,7 @@ def test_a_blank_line_ends_a_candidate_only_where_the_model_may_have_run_on(ctx_
     assert rank_candidates([(candidate, 0.0)], ctx, snap) == ["    out = []"]
 
 
-def test_a_candidate_ended_by_its_model_is_one_shorter_than_its_canvas():
+def test_a_candidate_ended_by_its_model_as_its_engine_says_or_short_of_its_canvas():
     from dg_lsp.engine.types import Candidate, ended_by_model
 
     assert ended_by_model(Candidate("x", token_ids=[1, 2]), max_tokens=3)
