@@ -61,6 +61,21 @@ def cursors(source: str, k: int = 1, blank: bool = False):
         yield "emptied", removed, before + "\n" + after, len(before)
 
 
+def _line_starts(lines: list[str]) -> list[int]:
+    """The offset each line starts at, and one past the end."""
+    return list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+
+
+def _nodes(source: str, language: str):
+    """Every node of `source`'s syntax tree (none where it does not parse)."""
+    tree = parse_snapshot(source, language).tree
+    stack = [tree.root_node] if tree is not None else []
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children)
+        yield node
+
+
 _BOUNDARY = re.compile(r"[\s(\[{,.=:]+")
 
 
@@ -74,7 +89,7 @@ def rest_of_line_cursors(
     punctuation) inside code lines, not those starting with `skip`: where a user is typing a line.
     `per_file` of them drawn at random, or every one in order."""
     lines = source.split("\n")
-    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
+    starts = _line_starts(lines)
     sites = [
         (i, m.end())
         for i, ln in enumerate(lines)
@@ -101,15 +116,9 @@ def body_cursors(source: str, language: str, max_lines: int):
     """("body", the body, document without it, cursor) for every function whose statements after its
     docstring fill at most `max_lines` lines of their own: the cursor on an otherwise empty line at the
     body's indentation, where the user asks for the body."""
-    tree = parse_snapshot(source, language).tree
-    if tree is None:
-        return
     lines = source.split("\n")
-    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
-    stack = [tree.root_node]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
+    starts = _line_starts(lines)
+    for node in _nodes(source, language):
         body = node.child_by_field_name("body") if node.type in FUNCTIONS.get(language, ()) else None
         if body is None or body.type not in ("block", "statement_block"):
             continue
@@ -136,16 +145,12 @@ def block_cursors(source: str, language: str, max_lines: int):
     `if`'s, a loop's...) whose body fills at most `max_lines` lines of its own: the cursor at the end of the
     header, after its `:` or `{`, where the user has just typed it (a `{` with its `}` closed by the editor
     on the line below)."""
-    tree = parse_snapshot(source, language).tree
-    if tree is None or language not in FUNCTIONS:
+    if language not in FUNCTIONS:
         return
     data = source.encode()
     lines = source.split("\n")
-    starts = list(itertools.accumulate((len(ln) + 1 for ln in lines), initial=0))
-    stack = [tree.root_node]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children)
+    starts = _line_starts(lines)
+    for node in _nodes(source, language):
         if node.type not in ("block", "statement_block") or not node.named_children:
             continue
         if language == "python":

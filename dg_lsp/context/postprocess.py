@@ -140,11 +140,8 @@ def _gap_floor(ctx: InfillContext, target: int) -> int:
         width = _ws_width(_lead(line))
         if width >= target:
             return target
-        if _CLOSING_LINE.match(line) or _CONTINUES.match(line) or _CONTINUES_BRACED.match(line):
-            return min(target, width + unit)
-        if _DEFINITION.match(line):
-            return min(target, width + unit)
-        return width
+        ends_block = _CLOSING_LINE.match(line) or _CONTINUES.match(line) or _CONTINUES_BRACED.match(line)
+        return min(target, width + unit) if ends_block or _DEFINITION.match(line) else width
     if ctx.suffix_cut or ctx.language not in INDENT_BLOCKS:
         return target
     lowest = target

@@ -69,35 +69,20 @@ def test_the_rest_of_a_line_written_back_is_shown_as_it_was(language):
     assert not wrong, wrong
 
 
+@pytest.mark.parametrize(("cursors_of", "least"), [(body_cursors, 2), (block_cursors, 3)])
 @pytest.mark.parametrize("language", sorted(FUNCTIONS))
-def test_a_function_body_written_back_is_shown_as_it_was(language):
-    """The user has written a signature (and docstring) and asks for the body on the line below: the
-    body, as its model stopped after it, comes back whole."""
+def test_a_block_body_written_back_is_shown_as_it_was(language, cursors_of, least):
+    """The user has written a signature (and docstring) and asks for the body on the line below, or has
+    just typed a header's `:` or `{` (its `}` closed by the editor below): the body, as its model stopped
+    after it, comes back whole, at the block's column."""
     source = PROGRAMS[language]
     checked, wrong = 0, []
-    for _, body, doc, cursor in body_cursors(source, language, max_lines=20):
+    for _, body, doc, cursor in cursors_of(source, language, max_lines=20):
         snap = parse_snapshot(doc, language)
         ctx = build_context(snap, cursor, language=language)
         checked += 1
         shown = rank_candidates([(body, 0.0)], ctx, snap, stopped=[True])
         if shown[:1] != ["\n".join(line.rstrip() for line in body.split("\n"))]:
             wrong.append((ctx.span.name, body, shown[:1]))
-    assert checked >= 2
-    assert not wrong, wrong
-
-
-@pytest.mark.parametrize("language", sorted(FUNCTIONS))
-def test_a_block_body_written_back_after_its_header_is_shown_as_it_was(language):
-    """The user has just typed a header's `:` or `{` (its `}` closed by the editor below): the body, as
-    its model stopped after it, comes back whole, at the block's column."""
-    source = PROGRAMS[language]
-    checked, wrong = 0, []
-    for _, body, doc, cursor in block_cursors(source, language, max_lines=20):
-        snap = parse_snapshot(doc, language)
-        ctx = build_context(snap, cursor, language=language)
-        checked += 1
-        shown = rank_candidates([(body, 0.0)], ctx, snap, stopped=[True])
-        if shown[:1] != ["\n".join(line.rstrip() for line in body.split("\n"))]:
-            wrong.append((ctx.span.name, body, shown[:1]))
-    assert checked >= 3
+    assert checked >= least
     assert not wrong, wrong
