@@ -3,8 +3,8 @@
 | kind | cursor | max_tokens | single_line | stop | on |
 |---|---|--:|---|---|---|
 | `line_rest` | after code on a line (end or middle) | 32 | yes | line | yes |
-| `empty_line` | on a blank line inside a block | 48 | no | blank_line | yes |
-| `line_above` | at the indentation of a code line: new lines go above it | 48 | no | blank_line | yes |
+| `empty_line` | on a blank line inside a block | 128 | no | blank_line | yes |
+| `line_above` | at the indentation of a code line: new lines go above it | 128 | no | blank_line | yes |
 | `block` | end of a line opening a block (`:`, `{`) | 64 | no | dedent | yes |
 | `function_body` | empty function body, after signature/docstring | 128 | no | dedent | yes |
 | `argument_list` | inside call arguments or a parameter list | 24 | if inline | bracket | yes |
@@ -55,8 +55,8 @@ SPAN_KINDS: dict[str, SpanKind] = {
     k.name: k
     for k in (
         SpanKind("line_rest", 32, True, stop="line"),
-        SpanKind("empty_line", 48, False, stop="blank_line"),
-        SpanKind("line_above", 48, False, stop="blank_line"),
+        SpanKind("empty_line", 128, False, stop="blank_line"),
+        SpanKind("line_above", 128, False, stop="blank_line"),
         SpanKind("block", 64, False, stop="dedent"),
         SpanKind("function_body", 128, False, stop="dedent"),
         SpanKind("argument_list", 24, True, stop="bracket"),
