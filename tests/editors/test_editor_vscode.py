@@ -49,6 +49,21 @@ def test_contributed_settings_mirror_server_settings() -> None:
         assert getattr(parsed, f.name) == value and parsed.extra == {}
 
 
+def test_contributed_bounds_and_order_match_the_server() -> None:
+    """VS Code validates a value against the contributed bounds before the server sees it: a looser bound
+    (numCandidates 0, maxTokens 0) let the Settings UI accept what the server then refuses with a warning.
+    Bounds past what a JavaScript number holds exactly (the seed's) are left to the server."""
+    from dg_lsp.settings import NUMBER_BOUNDS
+
+    props = PACKAGE["contributes"]["configuration"]["properties"]
+    for name, (low, high) in NUMBER_BOUNDS.items():
+        prop = props[f"dgLsp.{_camel(name)}"]
+        assert prop["minimum"] == low, name
+        assert prop.get("maximum") == (high if high <= 2**53 else None), name
+    orders = [prop["order"] for prop in props.values()]
+    assert len(orders) == len(set(orders)), "two settings share an order: the Settings UI then sorts by name"
+
+
 def test_restricted_settings_cannot_come_from_an_untrusted_workspace() -> None:
     props = PACKAGE["contributes"]["configuration"]["properties"]
     restricted = set(PACKAGE["capabilities"]["untrustedWorkspaces"]["restrictedConfigurations"])
