@@ -108,17 +108,28 @@ def _first_model_dir(args) -> str:
     return (args.model or ["=dg_lsp/models/embedded_tiny"])[0].rsplit("=", 1)[-1]
 
 
-def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:
-    """Infills from held-out files, drawn and truncated exactly like training examples (seed 777)."""
+def _tokenizer(model_dir: str | Path):
+    """A model directory's tokenizer as the engine loads it: a packed model's without its config.json,
+    whose added FIM and mask ids past the base vocabulary make transformers warn on every load."""
     from transformers import AutoTokenizer
 
+    from dg_lsp.engine.layouts import layout_of, load_packed_tokenizer
+
+    config = Path(model_dir) / "config.json"
+    if config.is_file() and layout_of(json.loads(config.read_text())) == "block":
+        return load_packed_tokenizer(Path(model_dir))
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:
+    """Infills from held-out files, drawn and truncated exactly like training examples (seed 777)."""
     from dg_lsp.training.batches import draw_budget, tokenize_fim
     from dg_lsp.training.config import DataConfig
     from dg_lsp.training.corpus import load_docs
     from dg_lsp.training.spans import sample_fim
     from dg_lsp.training.train import DocSampler
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = _tokenizer(tokenizer_dir)
     sampler = DocSampler(load_docs(corpus / "valid.jsonl"))
     rng = random.Random(777)
     weights = DataConfig().span_weights
@@ -307,9 +318,7 @@ class ReferenceEngine:
     name = REFERENCE
 
     def __init__(self, tokenizer_dir: str):
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = _tokenizer(tokenizer_dir)
         self.middle = ""
 
     def infill(self, request, should_cancel=None):
