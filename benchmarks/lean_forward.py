@@ -26,7 +26,6 @@ import torch
 PROMPT = 192
 
 
-
 def passes(model, config, ids: torch.Tensor, causal: bool) -> dict[str, callable]:
     """name -> a zero-argument call running that pass on `model`."""
     from dg_lsp.engine.kv import new_cache

@@ -201,5 +201,7 @@ def load_packed(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
             # a copy: safetensors hands out views of its mapping of the file, and a view kept as a
             # parameter would keep the whole 92 MiB file mapped and resident for the server's life
             fp32 = info["type"] == "F32"
-            state[name] = t.to(torch.float32, copy=True) if fp32 else dequantize(t, info["type"], info["shape"])
+            state[name] = (
+                t.to(torch.float32, copy=True) if fp32 else dequantize(t, info["type"], info["shape"])
+            )
     return json.loads(meta["config"]), state
