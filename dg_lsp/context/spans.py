@@ -7,8 +7,8 @@
 | `line_above` | at the indentation of a code line: new lines go above it | 128 | no | blank_line | yes |
 | `block` | end of a line opening a block (`:`, `{`) | 64 | no | dedent | yes |
 | `function_body` | empty function body, after signature/docstring | 128 | no | dedent | yes |
-| `argument_list` | inside call arguments or a parameter list | 24 | if inline | bracket | yes |
-| `brackets` | inside a list/dict/array/table literal | 48 | if inline | bracket | yes |
+| `argument_list` | inside call arguments or a parameter list | 24 (128 on lines of their own) | if inline | bracket | yes |
+| `brackets` | inside a list/dict/array/table literal | 48 (128 on lines of their own) | if inline | bracket | yes |
 | `string` | inside a string literal (prose; typed, not closed: code) | 16 (48) | unless multi | quote | yes |
 | `docstring` | inside a docstring (prose) | 64 | no | quote | yes |
 | `comment` | inside a comment (prose) | 24 | yes | line | no |
@@ -426,7 +426,10 @@ def classify(snapshot: DocumentSnapshot, offset: int, end: int, *, comments: boo
     if container is None and untrusted:
         container = _container_from_text(text, offset, snapshot.language)
     if container is not None:
-        return kind(container, single_line=inline)
+        if inline:
+            return kind(container, single_line=True)
+        # whole lines of a literal or an argument list: as long as lines at a blank line may be
+        return kind(container, single_line=False, max_tokens=SPAN_KINDS["empty_line"].max_tokens)
 
     if after.strip():
         # nothing but indentation before the cursor: what fits here is whole lines above that code

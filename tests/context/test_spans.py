@@ -154,20 +154,25 @@ def test_kind_caps_the_canvas_length(ctx_at):
 
 
 def test_line_start_spans_are_as_long_as_the_user_allows(ctx_at):
-    """A blank line in a block and the start of a code line took at most 48 tokens whatever `maxTokens`
-    said, which cut 22 of HumanEval's 73 sampled multi-line answers even for a perfect model."""
+    """A blank line in a block, the start of a code line and a line of a literal or argument list took at
+    most 48 (24) tokens whatever `maxTokens` said, which cut 23 of HumanEval's 73 sampled multi-line answers
+    even for a perfect model. Inside a line the kind's own cap stays."""
     from dg_lsp.pipeline import plan
     from dg_lsp.settings import Settings
 
     for src, kind in (
         ("def mean(xs):\n    n = len(xs)\n    <|>\n    return s / n\n", "empty_line"),
         ("def mean(xs):\n    n = len(xs)\n    <|>return s / n\n", "line_above"),
+        ("NUMBERS = {\n    'one': 1,\n    <|>\n}\n", "brackets"),
+        ("total = add(\n    first,\n    <|>\n)\n", "argument_list"),
     ):
         ctx, snap = ctx_at(src, "python", max_tokens=128)
         assert (ctx.span.name, ctx.span.max_tokens) == (kind, 128)
         _, request = plan(snap, src.index("<|>"), Settings(max_tokens=128))
         assert request.max_tokens == 128
         assert ctx_at(src, "python")[0].span.max_tokens == 48  # the default maxTokens still rules
+    inline = ctx_at("total = add(first, <|>)\n", "python", max_tokens=128)[0].span
+    assert (inline.name, inline.max_tokens) == ("argument_list", SPAN_KINDS["argument_list"].max_tokens)
 
 
 def test_replaced_range_is_selection_or_placeholder(ctx_at):
