@@ -18,6 +18,8 @@ from dg_lsp.context.spans import kind
 
 TAB_WIDTH = 4
 _TRIVIAL_LINE = re.compile(r"^[\s)\]};,]*$|^\s*(end|fi|done|esac|else|\}\s*else\s*\{?)\s*;?$")
+_RULE_LINE = re.compile(r"^\s*(#+|/{2,}|--|;+|/?\*+)\s*([-=*#~_+/]\s*){3,}(\*/)?\s*$")
+"""A separator comment (`# -------`, `// =====`): it starts a section as often as it ends one."""
 _CLOSING_LINE = re.compile(r"^\s*([)\]}]|(end|fi|done|esac)\b)")
 _OPENS_BLOCK = re.compile(r"(:|\{|\bthen|\bdo)\s*$")
 _PLAN_LIMIT = 1024
@@ -310,8 +312,13 @@ def remove_suffix_overlap(text: str, ctx: InfillContext) -> str:
         column = _ws_width(_lead(ctx.line_prefix + lines[i] if i == 0 else lines[i]))
         if columns and column != following[0][0] and _goes_its_own_way(lines[i + 1 :], following[1:]):
             continue
-        if _TRIVIAL_LINE.match(following[0][1]) or following[0][1] in ('"""', "'''"):
-            # a lone closer or docstring quote opens as often as it closes: only with the line after it
+        if (
+            _TRIVIAL_LINE.match(following[0][1])
+            or following[0][1] in ('"""', "'''")
+            or _RULE_LINE.match(following[0][1])
+        ):
+            # a lone closer, docstring quote or separator comment opens as often as it closes: only
+            # with the line after it
             if len(following) < 2 or i + 1 >= len(lines) or lines[i + 1].strip() != following[1][1]:
                 continue
         lines = lines[:i]

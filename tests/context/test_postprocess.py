@@ -440,6 +440,24 @@ def test_a_deeper_python_line_is_not_the_suffix_retyped(ctx_at):
     assert postprocess(retyped, ctx) == "    if xs[0]:\n"
 
 
+@pytest.mark.parametrize(
+    ("language", "rule", "before", "after"),
+    [
+        ("python", "# -------", "x = 1\n", "y = 2\n"),
+        ("javascript", "// ======", "const x = 1;\n", "const y = 2;\n"),
+    ],
+)
+def test_a_separator_comment_is_the_suffix_retyped_only_with_the_line_after_it(
+    ctx_at, language, rule, before, after
+):
+    """A section's separator comment also closes the section above it (`# -------`, `# urllib3`,
+    `# -------`): the candidate's own separator, going on with its own section, was cut as the suffix's."""
+    ctx, _ = ctx_at(f"{before}<|>\n{rule}\n{after}", language)
+    own = f"z = 3\n\n{rule}\n{rule.split()[0]} section"
+    assert postprocess(own, ctx, stopped=True) == own
+    assert postprocess(f"z = 3\n{rule}\n{after}", ctx, stopped=True) == "z = 3"  # the suffix, typed again
+
+
 def test_a_blank_line_ends_a_candidate_only_where_the_model_may_have_run_on(ctx_at):
     src = "def f(xs):\n    if not xs:\n        return []\n<|>\n    return out\n"
     ctx, snap = ctx_at(src, "python")
