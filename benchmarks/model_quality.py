@@ -110,15 +110,20 @@ def _first_model_dir(args) -> str:
 
 def _tokenizer(model_dir: str | Path):
     """A model directory's tokenizer as the engine loads it: a packed model's without its config.json,
-    whose added FIM and mask ids past the base vocabulary make transformers warn on every load."""
+    whose added FIM and mask ids past the base vocabulary make transformers warn on every load, and
+    without the warning about inputs longer than the model's window."""
     from transformers import AutoTokenizer
 
+    from dg_lsp.engine.base import quiet_long_input_warning
     from dg_lsp.engine.layouts import layout_of, load_packed_tokenizer
 
     config = Path(model_dir) / "config.json"
     if config.is_file() and layout_of(json.loads(config.read_text())) == "block":
-        return load_packed_tokenizer(Path(model_dir))
-    return AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_packed_tokenizer(Path(model_dir))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    quiet_long_input_warning(tokenizer)  # whole files are encoded, then cut to the budget, as engines do
+    return tokenizer
 
 
 def held_out_tasks(corpus: Path, tokenizer_dir: Path, n: int, budget: int, canvas: int) -> list[Task]:

@@ -7,8 +7,8 @@
 | `line_above` | at the indentation of a code line: new lines go above it | 128 | no | blank_line | yes |
 | `block` | end of a line opening a block (`:`, `{`) | 64 | no | dedent | yes |
 | `function_body` | empty function body, after signature/docstring | 128 | no | dedent | yes |
-| `argument_list` | inside call arguments or a parameter list | 24 (128 on lines of their own) | if inline | bracket | yes |
-| `brackets` | inside a list/dict/array/table literal | 48 (128 on lines of their own) | if inline | bracket | yes |
+| `argument_list` | inside call arguments or a parameter list | 24 (128) | if inline | bracket | yes |
+| `brackets` | inside a list/dict/array/table literal | 48 (128) | if inline | bracket | yes |
 | `string` | inside a string literal (prose; typed, not closed: code) | 16 (48) | unless multi | quote | yes |
 | `docstring` | inside a docstring (prose) | 64 | no | quote | yes |
 | `comment` | inside a comment (prose) | 24 | yes | line | no |
@@ -16,7 +16,8 @@
 | `selection` | replacing a selection (rewrite) | 1.5x + 16 | if one line | dedent | yes |
 
 `max_tokens` is a ceiling: the effective canvas is `min(kind, caller's max_tokens)`, except for
-`selection` and `placeholder`, which must be allowed to be as long as what they replace.
+`selection` and `placeholder`, which must be allowed to be as long as what they replace. In brackets, the
+figure in parentheses is for whole lines (the cursor at a line start inside them), as at other line starts.
 
 Stop rules (applied by `postprocess`): `line` cuts at the first newline; `blank_line` cuts at the first
 blank line; `dedent` cuts at the first line indented less than the cursor's block; `bracket` cuts where
