@@ -88,3 +88,23 @@ def test_balanced_brackets_compares_against_the_reference_middle():
 def test_single_line_infill_skips_leading_blank_lines():
     assert peers.cut_continuation("\n    x = 1\n    y = 2\n", "", single_line=True) == "\n    x = 1\n"
     assert peers.cut_continuation("\n   ", "", single_line=True) == "\n   "  # no code line yet: keep going
+
+
+def test_model_quality_gives_engines_the_servers_prompt_budget():
+    """The quality figures are what a user's server would show: its engines are built with their default
+    prompt budget (cut to the model's trained window), not the 192 tokens the held-out windows are drawn
+    with. Before stop 43 they got the 192 and scored the embedded model 3 points low on HumanEval."""
+    import inspect
+
+    import model_quality
+
+    from dg_lsp.engine.ar import AutoregressiveEngine
+    from dg_lsp.engine.masked import MaskedDiffusionEngine
+
+    for engine in (MaskedDiffusionEngine, AutoregressiveEngine):
+        default = inspect.signature(engine.__init__).parameters["max_prompt_tokens"].default
+        assert default == model_quality.SERVER_PROMPT_TOKENS, engine.__name__
+    args = model_quality.argparse.Namespace(prompt_tokens=192, engine_prompt_tokens=0)
+    assert model_quality.engine_budget(args) == model_quality.SERVER_PROMPT_TOKENS
+    args.engine_prompt_tokens = 192  # repeating an earlier run
+    assert model_quality.engine_budget(args) == 192
