@@ -136,10 +136,10 @@ def _tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
     from dg_lsp.engine.base import quiet_long_input_warning
-    from dg_lsp.engine.layouts import layout_of, load_packed_tokenizer
+    from dg_lsp.engine.layouts import PACKED_LAYOUTS, layout_of, load_packed_tokenizer
 
     config = Path(model_dir) / "config.json"
-    if config.is_file() and layout_of(json.loads(config.read_text())) == "block":
+    if config.is_file() and layout_of(json.loads(config.read_text())) in PACKED_LAYOUTS:
         tokenizer = load_packed_tokenizer(Path(model_dir))
     else:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
