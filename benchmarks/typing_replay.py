@@ -84,12 +84,12 @@ def summary_table(rows: dict[str, list[dict]], names: list[str], at: list[int]) 
     )  # fmt: skip
 
 
-def load(spec: str, masked: dict, threads: int):
+def load(spec: str, masked: dict, threads: int, extra: dict | None = None):
     from dg_lsp.engine.loader import load_engine
     from dg_lsp.settings import Settings
 
     settings, errors = Settings.merge(
-        {"model": spec, "threads": threads, **({"masked": masked} if masked else {})}
+        {"model": spec, "threads": threads, **({"masked": masked} if masked else {}), **(extra or {})}
     )
     if errors:
         raise SystemExit(f"bad settings for {spec}: {errors}")
@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
     ap.add_argument(
         "--masked", action="append", default=[], metavar="NAME=JSON", help="a variant's `masked` setting"
+    )
+    ap.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="NAME=JSON",
+        help='other settings of a variant, e.g. \'bf16={"quantization": "none"}\'',
     )
     ap.add_argument("--lines-per-file", type=int, default=3)
     ap.add_argument("--every", type=int, default=2, help="complete at every n-th keystroke")
@@ -121,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.masked:
         name, _, raw = item.partition("=")
         masked[name] = json.loads(raw)
-    unknown = set(masked) - {item.partition("=")[0] for item in args.model}
+    extra = {}
+    for item in args.setting:
+        name, _, raw = item.partition("=")
+        extra[name] = json.loads(raw)
+    unknown = (set(masked) | set(extra)) - {item.partition("=")[0] for item in args.model}
     if unknown:
-        ap.error(f"--masked for no --model: {sorted(unknown)}")
+        ap.error(f"--masked or --setting for no --model: {sorted(unknown)}")
     variants = []
     for item in args.model:
         name, _, path = item.partition("=")
-        engine, settings = load(path, masked.get(name, {}), args.threads)
+        engine, settings = load(path, masked.get(name, {}), args.threads, extra.get(name))
         settings = dataclasses.replace(settings, latency_budget_ms=args.budget_ms)
         variants.append((name, engine, settings))
     torch.set_num_threads(args.threads)

@@ -248,6 +248,40 @@ def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, s
     return lean_model, f"{kind}, int8 {rows}{smoothed}"
 
 
+def adopt_int4(model: nn.Module, tokenizer, setting: str, kind: str) -> str:
+    """Run `model`'s (a `LeanLlama`'s) narrow passes over its packed 4-bit base (`cpu_int4`) under the
+    `auto` quantization setting, where it can and where it matches the merged weights on a probe pass;
+    return the forward's kind for `describe()`. The same weights, not a quantization, so `auto` takes it;
+    `none` keeps every pass on the merged weights and `int8` has its own narrow path."""
+    from dg_lsp.engine import cpu_int4
+
+    source = getattr(getattr(model, "inner", None), "dg_lsp_packed_source", None)
+    if setting != "auto" or source is None or not hasattr(model, "use_int4") or model.int8 is not None:
+        return kind
+    why = cpu_int4.unavailable(model.dtype, model.lm_head.device, source)
+    if why is None:
+        try:
+            layers = cpu_int4.Int4Layers.load(source, len(model.layers), model.dtype)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+    if why is None:
+        ids = tokenizer.encode(PROBE, add_special_tokens=False)[: layers.max_rows]
+        with torch.inference_mode():
+            x = torch.tensor([ids], device=model.lm_head.device)
+            ref = model(input_ids=x).logits.float()
+            model.use_int4(layers)
+            got = model(input_ids=x).logits.float()
+        # two bf16 paths, each 1-4% (relative norm) from the fp32 model on the shipped models' probes, the
+        # int4 one as often the closer; a mispacked weight or a base that is not the model's is off by ~100%
+        err = float((ref - got).norm() / ref.norm())
+        if err <= 0.1:
+            return f"{kind}, int4 base up to {layers.max_rows} rows"
+        model.use_int4(None)
+        why = f"it differs from the merged weights by {err:.3g}"
+    log.info("int4 base off: %s", why)
+    return f"{kind} (int4 base off: {why})"
+
+
 def _adopt(model: nn.Module, tokenizer) -> tuple[nn.Module, str]:
     from dg_lsp.engine import lean_llama
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dg_lsp.engine.cpu_int4 import Int4Layers
 from dg_lsp.engine.cpu_int8 import MAX_ROWS, Int8Linears, key
 from dg_lsp.engine.lean import plain_projections
 
@@ -73,6 +74,12 @@ class LeanLlama(nn.Module):
         """Packed int8 copies for narrow passes (`use_int8`); None: every matmul in the model's dtype."""
         self._ranges: dict | None = None
         """While `use_int8` calibrates: each projection's largest input magnitude per channel so far."""
+        self.int4: Int4Layers | None = None
+        """The 4-bit base and unmerged adapter for narrow passes (`use_int4`); None: the merged weights."""
+
+    def use_int4(self, layers: Int4Layers | None) -> None:
+        """Run passes of up to `layers.max_rows` rows over the packed 4-bit base (`cpu_int4`); None: off."""
+        self.int4 = layers
 
     def use_int8(self, calibration: list[list[int]] | None = None, max_rows: int | None = MAX_ROWS) -> None:
         """Multiply passes of up to `max_rows` rows (None: every pass) in dynamic int8 (`cpu_int8`), smoothed
@@ -148,13 +155,19 @@ class LeanLlama(nn.Module):
         attention runs per chunk, each chunk's queries against the keys up to its own end."""
         b, t, _ = h.shape
         cos, sin = self._rope(positions, h.dtype)
+        int4 = self.int4.layers if self.int4 is not None and b * t <= self.int4.max_rows else None
+        nq, nkv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
             att, mlp = layer.self_attn, layer.mlp
             x = self._norm(h, layer.input_layernorm)
-            lin = self._linear
-            q = lin(x, att.q_proj.weight).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-            k = lin(x, att.k_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = lin(x, att.v_proj.weight).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            if int4 is not None:
+                q, k, v = int4[i]["qkv"](x.reshape(b * t, -1)).view(b, t, -1).split([nq, nkv, nkv], dim=-1)
+            else:
+                lin = self._linear
+                q, k, v = lin(x, att.q_proj.weight), lin(x, att.k_proj.weight), lin(x, att.v_proj.weight)
+            q = q.reshape(b, t, self.heads, self.head_dim).transpose(1, 2)
+            k = k.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.reshape(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             if cache is not None:
                 k, v = cache.update(k, v, i)
@@ -172,10 +185,17 @@ class LeanLlama(nn.Module):
                 for lo, hi, mask, causal in chunks
             ]
             a = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-            h = h + lin(a.transpose(1, 2).reshape(b, t, -1), att.o_proj.weight)
+            a = a.transpose(1, 2).reshape(b, t, -1)
+            if int4 is not None:
+                h = h + int4[i]["o"](a.reshape(b * t, -1)).view(b, t, -1)
+                x = self._norm(h, layer.post_attention_layernorm).reshape(b * t, -1)
+                gate, up = int4[i]["gate_up"](x).chunk(2, dim=-1)
+                h = h + int4[i]["down"](F.silu(gate) * up).view(b, t, -1)
+                continue
+            h = h + self._linear(a, att.o_proj.weight)
             x = self._norm(h, layer.post_attention_layernorm)
-            gated = F.silu(lin(x, mlp.gate_proj.weight)) * lin(x, mlp.up_proj.weight)
-            h = h + lin(gated, mlp.down_proj.weight)
+            gated = F.silu(self._linear(x, mlp.gate_proj.weight)) * self._linear(x, mlp.up_proj.weight)
+            h = h + self._linear(gated, mlp.down_proj.weight)
         return h
 
     def _chunks(self, input_ids: torch.Tensor, padding: torch.Tensor | None, past: int):

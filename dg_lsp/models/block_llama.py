@@ -167,11 +167,13 @@ def load_block_model(model_dir: str | Path, dtype: torch.dtype = torch.float32):
     """The embedded-model layout: `config.json` + `base.safetensors` (packed) + `adapter.safetensors`."""
     from safetensors import safe_open
 
+    from dg_lsp.engine.cpu_int4 import PackedSource
     from dg_lsp.models.packed import load_packed
 
     d = Path(model_dir)
     config = json.loads((d / "config.json").read_text())
-    base_cfg, state = load_packed(base_path(d, str(config.get("dg_lsp_base", "base.safetensors"))))
+    base_file = base_path(d, str(config.get("dg_lsp_base", "base.safetensors")))
+    base_cfg, state = load_packed(base_file)
     adapter_file = d / "adapter.safetensors"
     lora, meta = {}, {}
     if adapter_file.exists():
@@ -188,4 +190,9 @@ def load_block_model(model_dir: str | Path, dtype: torch.dtype = torch.float32):
     del state
     if added is not None:
         model.model.embed_tokens.added.data.copy_(added.float())
-    return model.to(dtype).eval()
+    model = model.to(dtype).eval()
+    # the 4-bit base and the unmerged adapter, for the forward's int4 narrow passes (`cpu_int4`)
+    model.dg_lsp_packed_source = PackedSource(
+        base_file, adapter_file if lora else None, float(meta.get("scale", 1.0))
+    )
+    return model
