@@ -35,7 +35,7 @@ from lsprotocol import types
 
 from tests.lsp_harness import CLIENT_CAPABILITIES, HarnessClient, open_doc, reap, shutdown_and_exit
 
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("none", "int4", "int8")
 
 
 @dataclass

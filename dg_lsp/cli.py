@@ -85,7 +85,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--backend", default=quiet, help="auto | diffusion-gemma | masked | ar | remote")
     p.add_argument("--device", default=quiet, help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--quantization", default=quiet, help="auto | none | int8 | 8bit | nf4")
+    p.add_argument("--quantization", default=quiet, help="auto | none | int4 | int8 | 8bit | nf4")
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=quiet)
     p.add_argument(
         "--steps", dest="denoising_steps", type=int, default=quiet, help="denoising steps per canvas"

@@ -59,10 +59,11 @@ class Settings:
     device: str = "auto"
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     quantization: str = "auto"
-    """`auto`, `none`, `int8`, `8bit` or `nf4` (bitsandbytes on CUDA). `auto` quantizes nothing; on a CPU with
-    native bf16 it runs the packed SmolLM2 models' narrow passes (canvas passes, AR steps) over their own
-    4-bit base plus the unmerged adapter (`engine/cpu_int4.py`: the same weights, not a quantization), which
-    `none` turns off. `int8` on the CPU:
+    """`auto`, `none`, `int4`, `int8`, `8bit` or `nf4` (bitsandbytes on CUDA). `int4` on a CPU with native
+    bf16: the packed SmolLM2 models run their narrow passes (canvas passes of up to 6 rows, AR steps) over
+    their own 4-bit base plus the unmerged adapter (`engine/cpu_int4.py`: the same weights, not a
+    quantization; ~120 MiB more memory); `auto` does that for the AR twin, whose steps it makes 1.8x cheaper,
+    and quantizes nothing else; `none` turns it off. `int4` on CUDA is `nf4`. `int8` on the CPU:
     the packed SmolLM2 models run passes in dynamic int8 (`engine/cpu_int8.py`: every pass over fp32 weights,
     passes of up to 64 rows over bf16 ones), other models hold int8 weights dequantized per call (smaller,
     not faster)."""

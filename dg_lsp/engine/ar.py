@@ -78,7 +78,9 @@ class AutoregressiveEngine(LocalEngine):
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
         self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer, int8=lean_int8)
-        self.forward_kind = lean.adopt_int4(self.model, self.tokenizer, quantization, self.forward_kind)
+        self.forward_kind = lean.adopt_int4(
+            self.model, self.tokenizer, quantization, self.forward_kind, by_default=True
+        )
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         quiet_long_input_warning(self.tokenizer)
         self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"

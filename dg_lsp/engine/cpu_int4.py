@@ -3,23 +3,25 @@
 The base of the embedded model and its AR twin ships as the Q4_1 blocks of the SmolLM2 GGUF
 (`models/packed.py`): 4-bit values with an fp16 scale and minimum per 32 weights. At load they are
 dequantized to bf16 and the LoRA adapter is merged in, so every pass streams ~210 MB of projection weights
-from memory. A canvas pass after the first (1-8 rows under tail trimming) or an AR step (1 row) does a few
-MFLOP per weight it reads, so it runs at memory speed: on the 2-core Xeon with AMX, all 210 projections of
-30 layers cost 32-34 ms at 1-8 rows, whatever the width.
+from memory. A canvas pass after the first (1-10 rows under tail trimming) or an AR step (1 row) does a few
+MFLOP per weight it reads, so it runs at memory speed: on the 2-core Xeon with AMX a pass of 1 to 8 rows
+costs 65-75 ms whatever its width (`benchmarks/int8_passes.py`).
 
 torch's CPU int4 kernel (`_weight_int4pack_mm_for_cpu`, groups of 32 with a bf16 scale and zero point)
-holds exactly the Q4_1 blocks: w = d*q + m = d*(q - 8) + (m + 8d). Over those, a quarter of the bytes, the
-same projections cost 8 ms at 1 row and 23 ms at 8. The adapter is not merged there (rounding a merged
-weight back to 4 bits would lose most of the LoRA's update): its low-rank product is added to each
-projection's output, computed in bf16 like the merged weights. q/k/v and gate/up share their inputs, so
-each group is one int4 matmul and one LoRA pair (block-diagonal B): 8 small matmuls a layer instead of 14.
+holds exactly the Q4_1 blocks: w = d*q + m = d*(q - 8) + (m + 8d). Over those, a quarter of the bytes, a
+pass costs 39 ms at 1 row and 57 at 6, and the kernel's cost grows with the rows from there. The adapter
+is not merged there (rounding a merged weight back to 4 bits would lose most of the LoRA's update): its
+low-rank product is added to each projection's output, in fp32 (a bf16 matmul that small costs 4x an
+fp32 one here). q/k/v and gate/up share their inputs, so each group is one int4 matmul and one A.
 
-So this path is the same model, exact up to bf16 rounding and summation order (the 2% logit bar the lean
-forward's probe applies to bf16 holds), not a quantization of it. It is slower than bf16 on wide passes
-(the kernel does not use AMX: 16 rows 58 against 35 ms, a 230-token prompt 570 against 90 ms), so passes
-of more than `MAX_ROWS` rows keep the merged bf16 weights, which stay resident: +~85 MB. With fp32
-activations the kernel has no fast path (180 ms at 1 row), so fp32 models (CPUs without native bf16)
-never use it.
+So this path is the same model, exact up to bf16 rounding and summation order, not a quantization of it.
+It is slower than bf16 on wide passes (the kernel does not use AMX: 16 rows 58 against 35 ms, a
+230-token prompt 570 against 90 ms), so passes of more than `MAX_ROWS` rows keep the merged bf16 weights,
+which stay resident: the server holds 70-90 MiB more. `quantization = "int4"` asks for it; `auto` takes it
+for the AR twin, whose every step is a one-row pass (model runs over LSP 1.75x faster), not for the block
+model, whose trimmed windows are mostly 7-10 rows (1.04x: `benchmarks/results/embedded_smollm2/int4_base/`).
+With fp32 activations the kernel has no fast path (180 ms at 1 row), so fp32 models (CPUs without native
+bf16) never use it.
 """
 
 from __future__ import annotations

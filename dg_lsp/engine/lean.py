@@ -248,17 +248,22 @@ def adopt(model: nn.Module, tokenizer, int8: bool = False) -> tuple[nn.Module, s
     return lean_model, f"{kind}, int8 {rows}{smoothed}"
 
 
-def adopt_int4(model: nn.Module, tokenizer, setting: str, kind: str) -> str:
-    """Run `model`'s (a `LeanLlama`'s) narrow passes over its packed 4-bit base (`cpu_int4`) under the
-    `auto` quantization setting, where it can and where it matches the merged weights on a probe pass;
-    return the forward's kind for `describe()`. The same weights, not a quantization, so `auto` takes it;
-    `none` keeps every pass on the merged weights and `int8` has its own narrow path."""
+def adopt_int4(model: nn.Module, tokenizer, setting: str, kind: str, by_default: bool) -> str:
+    """Run `model`'s (a `LeanLlama`'s) narrow passes over its packed 4-bit base (`cpu_int4`) where it can and
+    where it matches the merged weights on a probe pass; return the forward's kind for `describe()`. The
+    same weights, not a quantization of them: `quantization = "int4"` asks for it, and `auto` takes it where
+    it pays for its memory (`by_default`: the AR twin, whose every step is a one-row pass, 1.5-1.8x faster;
+    not the block model, whose trimmed windows are mostly wider than the int4 kernel's crossover: 1.04x for
+    ~120 MiB, `benchmarks/results/embedded_smollm2/int4_base/`)."""
     from dg_lsp.engine import cpu_int4
 
-    source = getattr(getattr(model, "inner", None), "dg_lsp_packed_source", None)
-    if setting != "auto" or source is None or not hasattr(model, "use_int4") or model.int8 is not None:
+    if not (setting == "int4" or (setting == "auto" and by_default)):
         return kind
-    why = cpu_int4.unavailable(model.dtype, model.lm_head.device, source)
+    source = getattr(getattr(model, "inner", None), "dg_lsp_packed_source", None)
+    if not hasattr(model, "use_int4"):
+        why = "this forward has no int4 path"
+    else:
+        why = cpu_int4.unavailable(model.dtype, model.lm_head.device, source)
     if why is None:
         try:
             layers = cpu_int4.Int4Layers.load(source, len(model.layers), model.dtype)
@@ -275,10 +280,16 @@ def adopt_int4(model: nn.Module, tokenizer, setting: str, kind: str) -> str:
         # int4 one as often the closer; a mispacked weight or a base that is not the model's is off by ~100%
         err = float((ref - got).norm() / ref.norm())
         if err <= 0.1:
+            from dg_lsp.engine.layouts import release_freed_memory
+
+            release_freed_memory()  # the unpacked nibbles and raw blocks the packing went through
             return f"{kind}, int4 base up to {layers.max_rows} rows"
         model.use_int4(None)
         why = f"it differs from the merged weights by {err:.3g}"
-    log.info("int4 base off: %s", why)
+    if setting == "int4":
+        log.warning("int4 off: %s", why)
+    elif source is None:
+        return kind  # `auto` on a model without a packed base: nothing to say
     return f"{kind} (int4 base off: {why})"
 
 

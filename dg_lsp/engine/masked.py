@@ -301,7 +301,9 @@ class MaskedDiffusionEngine(LocalEngine):
         if self.quantization not in ("8bit", "nf4"):
             self.model.to(self.device)
         self.model, self.forward_kind = lean.adopt(self.model, self.tokenizer, int8=lean_int8)
-        self.forward_kind = lean.adopt_int4(self.model, self.tokenizer, quantization, self.forward_kind)
+        self.forward_kind = lean.adopt_int4(
+            self.model, self.tokenizer, quantization, self.forward_kind, by_default=False
+        )
         self.logits_vocab = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
         """Width of the logits (a packed model scores its base vocabulary, not its added tokens)."""
         self.token_healing = True

@@ -20,7 +20,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-KINDS = ("auto", "none", "int8", "8bit", "nf4")
+KINDS = ("auto", "none", "int4", "int8", "8bit", "nf4")
 
 # Kept in full precision: tiny, numerically sensitive, or tied to the embedding. Patterns follow
 # transformers' `should_convert_module` (anchored regex at a module boundary, or a name suffix).
@@ -44,6 +44,8 @@ def resolve_kind(kind: str, device: torch.device | str) -> str:
         raise ValueError(f"quantization {kind!r} needs CUDA (bitsandbytes); use 'int8' on CPU")
     if kind == "int8" and cuda:
         return "8bit"
+    if kind == "int4" and cuda:  # the CPU's int4 runs over a packed model's own 4-bit base (`cpu_int4`)
+        return "nf4"
     return kind
 
 
@@ -344,6 +346,9 @@ def load_diffusion_gemma(model_dir: Path, device: torch.device, kind: str, dtype
         free, _ = torch.cuda.mem_get_info(device)
         kind = auto_kind(checkpoint_bytes(model_dir), free)
     kind = resolve_kind(kind, device)
+    if kind == "int4":  # the packed SmolLM2 models' 4-bit base (`cpu_int4`): no such thing here
+        log.warning("quantization 'int4' applies to the packed SmolLM2 models only: loading unquantized")
+        kind = "none"
     if kind in ("8bit", "nf4"):
         model = DiffusionGemmaForBlockDiffusion.from_pretrained(model_dir, dtype=dtype or torch.bfloat16)
         quantize_to_cuda_(model, kind, device, compute_dtype=dtype or torch.bfloat16)

@@ -144,15 +144,22 @@ def test_unavailable_says_why():
 
 
 @pytest.mark.parametrize("kind", ["masked", "ar"])
-def test_the_shipped_models_take_it_under_auto_only(kind):
-    """`auto` runs the shipped models' narrow passes over their int4 base (probed against the merged weights
-    at load) and they still complete from the class state; `none` keeps the merged weights."""
+def test_the_shipped_models_take_it_when_asked_and_the_twin_by_default(kind):
+    """`int4` runs the shipped models' narrow passes over their 4-bit base (probed against the merged weights
+    at load) and they still complete from the class state; `auto` takes it for the AR twin alone (where it
+    pays for its memory), `none` for neither."""
     from tests.engine.test_cpu_int8 import _completes_with_class_state, _shipped
 
     cls, model_dir = _shipped(kind)
-    on = cls(model_dir, quantization="auto", dtype="bfloat16")
+    on = cls(model_dir, quantization="int4", dtype="bfloat16")
+    assert on.describe()["quantization"] == "int4"
     assert on.describe()["forward"] == f"lean, int4 base up to {cpu_int4.MAX_ROWS} rows", on.describe()
     assert isinstance(on.model, lean_llama.LeanLlama) and on.model.int4 is not None
     _completes_with_class_state(on)
+    auto = cls(model_dir, quantization="auto", dtype="bfloat16")
+    assert (auto.model.int4 is not None) == (kind == "ar"), auto.describe()
     off = cls(model_dir, quantization="none", dtype="bfloat16")
     assert off.describe()["forward"] == "lean" and off.model.int4 is None
+    fp32 = cls(model_dir, quantization="int4", dtype="float32")  # asked for, and refused with the reason
+    why = "the model runs in float32: the int4 kernel is fast in bf16 only"
+    assert fp32.describe()["forward"] == f"lean (int4 base off: {why})", fp32.describe()

@@ -51,6 +51,8 @@ def test_resolve_kind():
     assert q.resolve_kind("auto", "cpu") == "none"
     assert q.resolve_kind("int8", "cpu") == "int8"
     assert q.resolve_kind("int8", "cuda") == "8bit"
+    assert q.resolve_kind("int4", "cpu") == "int4"  # the packed models' own 4-bit base (cpu_int4)
+    assert q.resolve_kind("int4", "cuda") == "nf4"
     with pytest.raises(ValueError, match="CUDA"):
         q.resolve_kind("nf4", "cpu")
     with pytest.raises(ValueError):
