@@ -81,6 +81,8 @@ class AutoregressiveEngine(LocalEngine):
         self.forward_kind = lean.adopt_int4(
             self.model, self.tokenizer, quantization, self.forward_kind, by_default=True
         )
+        if getattr(self.model, "int4", None) is not None:
+            self.quantization = "int4"  # what `describe()` reports: `auto` took it
         self.max_prompt_tokens = prompt_budget(self.tokenizer, max_prompt_tokens)
         quiet_long_input_warning(self.tokenizer)
         self.cache_arg = cache_kwarg(self.model.forward) or "past_key_values"

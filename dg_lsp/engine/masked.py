@@ -304,6 +304,8 @@ class MaskedDiffusionEngine(LocalEngine):
         self.forward_kind = lean.adopt_int4(
             self.model, self.tokenizer, quantization, self.forward_kind, by_default=False
         )
+        if getattr(self.model, "int4", None) is not None:
+            self.quantization = "int4"  # what `describe()` reports: `auto` took it
         self.logits_vocab = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
         """Width of the logits (a packed model scores its base vocabulary, not its added tokens)."""
         self.token_healing = True

@@ -158,6 +158,7 @@ def test_the_shipped_models_take_it_when_asked_and_the_twin_by_default(kind):
     _completes_with_class_state(on)
     auto = cls(model_dir, quantization="auto", dtype="bfloat16")
     assert (auto.model.int4 is not None) == (kind == "ar"), auto.describe()
+    assert auto.describe()["quantization"] == ("int4" if kind == "ar" else "none")
     off = cls(model_dir, quantization="none", dtype="bfloat16")
     assert off.describe()["forward"] == "lean" and off.model.int4 is None
     fp32 = cls(model_dir, quantization="int4", dtype="float32")  # asked for, and refused with the reason
