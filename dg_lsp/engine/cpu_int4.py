@@ -15,13 +15,13 @@ low-rank product is added to each projection's output, in fp32 (a bf16 matmul th
 fp32 one here). q/k/v and gate/up share their inputs, so each group is one int4 matmul and one A.
 
 So this path is the same model, exact up to bf16 rounding and summation order, not a quantization of it.
-It is slower than bf16 on wide passes (the kernel does not use AMX: 16 rows 58 against 35 ms, a
-230-token prompt 570 against 90 ms), so passes of more than `MAX_ROWS` rows keep the merged bf16 weights,
-which stay resident: the server holds 70-90 MiB more. `quantization = "int4"` asks for it; `auto` takes it
-for the AR twin, whose every step is a one-row pass (model runs over LSP 1.75x faster), not for the block
-model, whose trimmed windows are mostly 7-10 rows (1.04x: `benchmarks/results/embedded_smollm2/int4_base/`).
-With fp32 activations the kernel has no fast path (180 ms at 1 row), so fp32 models (CPUs without native
-bf16) never use it.
+It is slower than bf16 on wide passes (the kernel does not use AMX; the 210 projections alone, ad hoc:
+16 rows 58 against 35 ms, 232 rows 570 against 90 ms), so passes of more than `MAX_ROWS` rows keep the
+merged bf16 weights, which stay resident: the server holds 70-90 MiB more. `quantization = "int4"` asks
+for it; `auto` takes it for the AR twin, whose every step is a one-row pass (model runs over LSP 1.75x
+faster), not for the block model, whose trimmed windows are mostly 7-10 rows (1.04x:
+`benchmarks/results/embedded_smollm2/int4_base/`). With fp32 activations the kernel has no fast path (the
+projections at 1 row: 180 ms, ad hoc), so fp32 models (CPUs without native bf16) never use it.
 """
 
 from __future__ import annotations
