@@ -1,7 +1,7 @@
 """One forward pass of the shipped SmolLM2 models (`embedded` and its AR twin), in the dtype `auto` gives this
-CPU (bf16 where it is native, else fp32), per `quantization` setting: `none` (the merged weights), `auto`
-(narrow passes over the 4-bit base, dg_lsp/engine/cpu_int4.py, where the CPU has native bf16) and `int8`
-(dg_lsp/engine/cpu_int8.py).
+CPU (bf16 where it is native, else fp32), per `quantization` setting: `none` (the merged weights), `int4`
+(narrow passes over the 4-bit base, dg_lsp/engine/cpu_int4.py, where the CPU has native bf16; what `auto`
+gives the AR twin) and `int8` (dg_lsp/engine/cpu_int8.py).
 
 The passes the engines run against a cached 320-token prompt (about what the server's prompt budget
 gives): canvas passes of `--canvas` positions (default 1, 13 and 33: a block marker plus 0, 12 or 32 masks,
@@ -10,8 +10,8 @@ one-token step, and the cold prompt pass (prompt + 13-position block). Time is t
 of 5 rounds of 10 calls, 1 torch thread), loaded through the engines as a user's settings load them.
 
     python benchmarks/int8_passes.py --out benchmarks/results/embedded_smollm2/int8/passes
-    python benchmarks/int8_passes.py --quantization none --quantization auto --canvas 1,2,4,6,8,13,33 \
-        --out benchmarks/results/embedded_smollm2/int4_base/passes
+    python benchmarks/int8_passes.py --quantization none --quantization int4 --quantization int8 \
+        --canvas 1,2,4,6,8,13,33 --out benchmarks/results/embedded_smollm2/int4_base/passes
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ def _passes(engine, block: int | None, canvas: tuple[int, ...] = (1, 13, 33)) ->
         out = {"AR step (1 token)": against_prompt(prompt[:, :1])}
         out[f"prompt pass ({PROMPT})"] = lambda: model(input_ids=prompt, logits_to_keep=1)
         return out
-    out = {}
-    for n in canvas:
+
+    def opened(n: int) -> torch.Tensor:  # a block marker and n - 1 masks
         ids = torch.full((1, n), engine.mask_id)
         ids[0, 0] = block
-        out[f"canvas pass ({n})"] = against_prompt(ids)
-    ids = torch.full((1, 13), engine.mask_id)
-    ids[0, 0] = block
-    full = torch.cat([prompt, ids], dim=1)
+        return ids
+
+    out = {f"canvas pass ({n})": against_prompt(opened(n)) for n in canvas}
+    full = torch.cat([prompt, opened(13)], dim=1)
     out[f"prompt pass ({PROMPT} + 13)"] = lambda: model(input_ids=full, logits_to_keep=13)
     return out
 

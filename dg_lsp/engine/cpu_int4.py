@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import ClassVar
 
@@ -73,7 +74,7 @@ def pack_q4_1(raw: torch.Tensor, n: int, k: int, dtype: torch.dtype) -> tuple[to
 class Int4Group:
     """One int4 matmul over projections that share their input (rows concatenated), plus their LoRA
     updates: x @ A^T for all of them at once (ranks side by side), then each one's B on its own slice of
-    the output (a block-diagonal B in one call was as fast and held 18 MB of zeros)."""
+    the output (a block-diagonal B in one call would hold 18 MB of zeros)."""
 
     def __init__(self, packed, scales_zeros, a: torch.Tensor | None, bs: list[tuple[int, int, torch.Tensor]]):
         self.packed, self.scales_zeros = packed, scales_zeros
@@ -95,21 +96,18 @@ def _group(raws, loras, dtype) -> Int4Group:
     """`raws`: [(raw Q4_1 rows, n, k)] of projections sharing an input; `loras`: [(A, B) or None] each."""
     k = raws[0][2]
     packed, sz = pack_q4_1(torch.cat([r for r, _, _ in raws]), sum(n for _, n, _ in raws), k, dtype)
-    columns = _starts([n for _, n, _ in raws])
+    columns = _starts(n for _, n, _ in raws)
     pairs = [(n0, lo) for n0, lo in zip(columns, loras, strict=True) if lo is not None]
     if not pairs:
         return Int4Group(packed, sz, None, [])
-    ranks = _starts([lo[0].shape[0] for _, lo in pairs])
+    ranks = _starts(lo[0].shape[0] for _, lo in pairs)
     a = torch.cat([lo[0] for _, lo in pairs])
     return Int4Group(packed, sz, a, [(r0, n0, lo[1]) for r0, (n0, lo) in zip(ranks, pairs, strict=True)])
 
 
-def _starts(sizes: list[int]) -> list[int]:
-    out, at = [], 0
-    for size in sizes:
-        out.append(at)
-        at += size
-    return out
+def _starts(sizes) -> list[int]:
+    """Where each of consecutive blocks of these sizes starts."""
+    return list(accumulate(sizes, initial=0))[:-1]
 
 
 class Int4Layers:

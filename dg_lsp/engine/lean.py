@@ -254,7 +254,7 @@ def adopt_int4(model: nn.Module, tokenizer, setting: str, kind: str, by_default:
     same weights, not a quantization of them: `quantization = "int4"` asks for it, and `auto` takes it where
     it pays for its memory (`by_default`: the AR twin, whose every step is a one-row pass, 1.5-1.8x faster;
     not the block model, whose trimmed windows are mostly wider than the int4 kernel's crossover: 1.04x for
-    ~120 MiB, `benchmarks/results/embedded_smollm2/int4_base/`)."""
+    ~70 MiB, `benchmarks/results/embedded_smollm2/int4_base/`)."""
     from dg_lsp.engine import cpu_int4
 
     if not (setting == "int4" or (setting == "auto" and by_default)):

@@ -1,6 +1,6 @@
 """Narrow passes over the packed 4-bit base (dg_lsp/engine/cpu_int4.py): the kernel holds the Q4_1 blocks
 as they are, a tiny packed model with an adapter decodes the same with and without it, and the engines take
-it under `quantization = "auto"` only."""
+it under `quantization = "int4"`, the AR twin under `auto` too."""
 
 from __future__ import annotations
 
@@ -13,26 +13,9 @@ from dg_lsp.engine import cpu_int4, lean_llama
 from dg_lsp.engine.kv import new_cache
 from dg_lsp.models import block_llama as bl
 from dg_lsp.models import packed
+from tests.engine.test_lean_llama import BLOCK, MASK, TINY_LLAMA, VOCAB
 
-VOCAB = 300
-BLOCK, MASK = VOCAB + 2, VOCAB + 3
-CONFIG = {
-    "model_type": "llama",
-    "vocab_size": VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-    "attention_bias": False,
-    "mlp_bias": False,
-}
+CONFIG = {**TINY_LLAMA, "num_hidden_layers": 2, "attention_bias": False, "mlp_bias": False}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,24 +14,27 @@ VOCAB = 300
 BLOCK, MASK = VOCAB + 2, VOCAB + 3
 
 
+TINY_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+}
+
+
 def tiny(block: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = {
-        "model_type": "llama",
-        "vocab_size": VOCAB,
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
-        "tie_word_embeddings": True,
-        "hidden_act": "silu",
-    }
+    config = dict(TINY_LLAMA)
     torch.manual_seed(seed)
     state = LlamaForCausalLM(LlamaConfig(**config)).state_dict()
     for k, w in state.items():  # norms away from 1, so a misplaced norm weight shows
